@@ -1,0 +1,62 @@
+"""Every user-visible knob, read in one place.
+
+``qd.init(...)`` options override the matching ``QD_*`` environment variables, which are
+read once, when ``qd.init`` runs (or at the first kernel call if ``qd.init`` was never
+called). Nothing on the launch path reads the environment. docs/configuration.md lists
+every knob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from numba.core import types
+
+_TRUE = {"1", "on", "true", "yes"}
+_FALSE = {"0", "off", "false", "no", ""}
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A boolean ``QD_*`` variable: ``1/on/true/yes`` (any case) is true."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of 1/on/true/yes or 0/off/false/no")
+
+
+@dataclasses.dataclass
+class Config:
+    arch: str = "cpu"
+    debug: bool = False                 # bounds checks on every field/ndarray access
+    print_ir: bool = False              # QD_DUMP_IR: IR after each stage, per task
+    default_fp: types.Type = types.float32
+    default_ip: types.Type = types.int32
+    cpu_max_num_threads: int = 0        # 0: Numba's default (all cores)
+    raw_errors: bool = False            # QD_RAW_ERRORS: let Numba's exceptions through
+    random_seed: int | None = None
+
+    def codegen_key(self) -> tuple:
+        """The options that change generated code (part of every compile key)."""
+        return (self.arch, self.debug, str(self.default_fp), str(self.default_ip))
+
+
+def config_from_env(**overrides) -> Config:
+    cfg = Config(
+        debug=env_flag("QD_DEBUG"),
+        print_ir=env_flag("QD_DUMP_IR"),
+        raw_errors=env_flag("QD_RAW_ERRORS"),
+    )
+    for key, value in overrides.items():
+        if not hasattr(cfg, key):
+            raise TypeError(f"qd.init() got an unknown option {key!r}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+current = config_from_env()

@@ -1,0 +1,82 @@
+"""The exceptions qd_numba raises, with Quadrants' names.
+
+Every error derives from :class:`QuadrantsError`. Compile-time errors also derive
+from the matching builtin (``QuadrantsSyntaxError`` is a ``SyntaxError``,
+``QuadrantsTypeError`` a ``TypeError``), so user code can catch them either way.
+
+Errors that point at user code carry the kernel name and a ``file:line`` with the
+source line; :func:`located` builds that message once, at the failing node.
+Set ``QD_RAW_ERRORS=1`` to let Numba's own exceptions through unwrapped.
+"""
+
+from __future__ import annotations
+
+import linecache
+import threading
+
+
+class QuadrantsError(Exception):
+    """Base class of every qd_numba error."""
+
+
+class QuadrantsCompilationError(QuadrantsError):
+    """A kernel or func could not be compiled."""
+
+
+class QuadrantsSyntaxError(QuadrantsCompilationError, SyntaxError):
+    """A Python construct that kernels do not support."""
+
+
+class QuadrantsNameError(QuadrantsCompilationError, NameError):
+    """A name in a kernel that cannot be resolved."""
+
+
+class QuadrantsTypeError(QuadrantsCompilationError, TypeError):
+    """Wrong types: at a kernel call (argument checks) or inside a kernel."""
+
+
+class QuadrantsIndexError(QuadrantsCompilationError, IndexError):
+    """Indexing a field or ndarray with the wrong number of indices."""
+
+
+class QuadrantsAssertionError(QuadrantsError, AssertionError):
+    """A failed ``assert`` in a kernel compiled with ``debug=True``."""
+
+
+class QuadrantsRuntimeError(QuadrantsError, RuntimeError):
+    """An error while a kernel runs (out-of-bounds access in debug mode, no device, ...)."""
+
+
+def source_excerpt(loc) -> str:
+    """``file:line`` plus the source line with a caret under its first character."""
+    if loc is None or getattr(loc, "filename", None) is None:
+        return ""
+    line = (getattr(loc, "line", None) or 0)
+    text = linecache.getline(loc.filename, line).rstrip("\n") if line else ""
+    where = f'  File "{loc.filename}", line {line}'
+    if not text.strip():
+        return where
+    return f"{where}\n    {text.strip()}\n    ^"
+
+
+def located(exc_type: type[QuadrantsError], message: str, kernel: str | None = None, loc=None) -> QuadrantsError:
+    """An exception of ``exc_type`` whose message names the kernel and the source line."""
+    head = f"in kernel '{kernel}': {message}" if kernel else message
+    excerpt = source_excerpt(loc)
+    return exc_type(f"{head}\n{excerpt}" if excerpt else head)
+
+
+_pending = threading.local()
+
+
+def typing_error(exc: QuadrantsError) -> QuadrantsError:
+    """Remember ``exc`` raised from inside Numba's typing, which wraps it in its own error;
+    the kernel compiler re-raises the original (see :func:`take_pending`)."""
+    _pending.exc = exc
+    return exc
+
+
+def take_pending() -> QuadrantsError | None:
+    exc = getattr(_pending, "exc", None)
+    _pending.exc = None
+    return exc

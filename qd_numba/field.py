@@ -1,0 +1,152 @@
+"""Global data: ``qd.field`` and ``qd.ndarray`` objects (python scope).
+
+Both own a C-contiguous numpy buffer of shape ``shape + element_shape`` (element shape is
+``()`` for scalars, ``(n,)`` for vectors, ``(n, m)`` for matrices). Kernels never see these
+Python objects: the compiler turns a field reference into a hidden kernel argument and the
+launcher passes the buffer itself, so compiled code always reads and writes the live data.
+A field's buffer never moves after creation, which is what lets a compiled kernel keep its
+hidden arguments without re-checking them on every call.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import dtypes
+from .errors import QuadrantsIndexError, QuadrantsTypeError
+
+_field_ids = itertools.count()
+
+
+def element_shape(elem_type) -> tuple[int, ...]:
+    """``()`` for a scalar dtype, ``(n,)`` for a vector type, ``(n, m)`` for a matrix type."""
+    if elem_type is None or not hasattr(elem_type, "ndim"):
+        return ()
+    return (elem_type.n,) if elem_type.ndim == 1 else (elem_type.n, elem_type.m)
+
+
+def _normalize_shape(shape) -> tuple[int, ...]:
+    if shape is None:
+        return ()
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError as e:
+        raise QuadrantsTypeError(f"shape must be an int or a tuple of ints, got {shape!r}") from e
+    if any(s < 0 for s in shape):
+        raise QuadrantsTypeError(f"shape must not be negative, got {shape}")
+    return shape
+
+
+def _split_dtype(dtype, elem_type):
+    """(scalar Numba dtype, element type or None) from a dtype that may be a vector/matrix type."""
+    if elem_type is None and hasattr(dtype, "ndim") and hasattr(dtype, "n"):
+        elem_type, dtype = dtype, dtype.dtype
+    return dtypes.to_numba(dtype), elem_type
+
+
+class ArrayData:
+    """What fields and ndarrays share: a typed buffer with python-scope access."""
+
+    def __init__(self, dtype, shape, elem_type=None, name=None):
+        self.dtype, self.elem_type = _split_dtype(dtype, elem_type)
+        self.shape = _normalize_shape(shape)
+        self.element_shape = element_shape(self.elem_type)
+        self.name = name
+        self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
+
+    # -- python-scope access -------------------------------------------------------
+    def _index(self, key):
+        if key is None:
+            key = ()
+        if not isinstance(key, tuple):
+            key = (key,)
+        if hasattr(key, "__len__") and len(key) == 1 and isinstance(key[0], tuple):
+            key = key[0]
+        if len(key) != len(self.shape):
+            raise QuadrantsIndexError(
+                f"{self._describe()} has {len(self.shape)} dimension(s) but was indexed with {len(key)} index(es)"
+            )
+        for k, (i, n) in enumerate(zip(key, self.shape)):
+            if not -n <= int(i) < n:
+                raise QuadrantsIndexError(f"index {int(i)} out of bounds for dimension {k} of {self._describe()}")
+        return tuple(int(i) for i in key)
+
+    def __getitem__(self, key):
+        value = self._arr[self._index(key)]
+        return value.copy() if self.element_shape else value.item()
+
+    def __setitem__(self, key, value):
+        self._arr[self._index(key)] = value
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        out = self._arr.copy()
+        return out if dtype is None else out.astype(dtype)
+
+    def from_numpy(self, array) -> None:
+        array = np.asarray(array)
+        if array.shape != self._arr.shape:
+            raise QuadrantsTypeError(
+                f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
+            )
+        np.copyto(self._arr, array, casting="unsafe")
+
+    def copy_from(self, other: ArrayData) -> None:
+        self.from_numpy(other._arr)
+
+    def fill(self, value) -> None:
+        self._arr[...] = value
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def _describe(self) -> str:
+        kind = type(self).__name__.lower()
+        return f"{kind} '{self.name}'" if self.name else f"{kind} of shape {self.shape}"
+
+    def __repr__(self) -> str:
+        elem = f", element={self.elem_type}" if self.elem_type is not None else ""
+        return f"<qd.{type(self).__name__} {self.dtype}{elem} shape={self.shape}>"
+
+
+class Field(ArrayData):
+    """A global field; compiled kernels access it as a hidden argument."""
+
+    def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None):
+        super().__init__(dtype, shape, elem_type, name)
+        self.uid = next(_field_ids)
+        self.grad = Field(self.elem_type or self.dtype, self.shape, name=f"{name}.grad" if name else None) \
+            if needs_grad else None
+        if needs_grad and not dtypes.is_real(self.dtype):
+            raise QuadrantsTypeError(f"needs_grad=True requires a floating-point field, got {self.dtype}")
+
+    def __deepcopy__(self, memo):
+        # IR copies hold fields in ir.Global values; the data must never be cloned.
+        return self
+
+    @property
+    def snode(self):
+        return self
+
+
+class Ndarray(ArrayData):
+    """``qd.ndarray``: an array passed to kernels as an argument."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def field(dtype, shape=(), needs_grad=False, name=None, offset=None, order=None) -> Field:
+    """``qd.field(dtype, shape=...)``: a global field (``shape=()`` is 0-d, accessed as ``x[None]``)."""
+    if offset is not None or order is not None:
+        raise QuadrantsTypeError("qd.field: 'offset' and 'order' are not supported by qd_numba")
+    return Field(dtype, shape, needs_grad=needs_grad, name=name)
+
+
+def ndarray(dtype, shape) -> Ndarray:
+    """``qd.ndarray(dtype, shape)``; ``dtype`` may be a vector or matrix type."""
+    return Ndarray(dtype, shape)

@@ -1,0 +1,417 @@
+"""``@qd.kernel`` and ``@qd.func``: argument specs, compilation, and the call path.
+
+A kernel is compiled once per *instance key*: the Numba types of its ndarray arguments and
+the values of its template arguments. The call path (:meth:`Kernel._make_caller`) is one
+generated Python function per kernel that converts ``qd.ndarray`` objects to their buffers,
+looks the key up and calls the compiled driver's native entry point with the runtime
+arguments plus the hidden field buffers. Everything else — argument validation, error
+messages, compilation — happens on a miss, in :meth:`Kernel._slow_call`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+
+import numpy as np
+from numba import _dispatcher
+from numba.core import errors as numba_errors
+from numba.core import types
+
+from . import config, dtypes
+from .errors import (
+    QuadrantsCompilationError,
+    QuadrantsError,
+    QuadrantsRuntimeError,
+    QuadrantsSyntaxError,
+    QuadrantsTypeError,
+    located,
+    take_pending,
+)
+from .field import ArrayData, Ndarray, element_shape
+from .passes.base import CompileState, IRTools, dump_ir
+from .passes.bind_arguments import BindArguments
+from .passes.fold_static import FoldStatic
+from .passes.inline_funcs import InlineFuncs
+from .passes.offload import Offload
+from .passes.resolve_globals import ResolveGlobals
+from .passes.rewrite_subscripts import RewriteSubscripts
+from .passes.verify import verify_ir
+from .typing.field import FieldType
+
+# -- annotations -------------------------------------------------------------------------------
+
+
+class Template:
+    """``qd.template()`` / ``qd.Template``: the argument is bound at compile time (one compiled
+    instance per distinct value: fields by identity, Python values by value)."""
+
+    def __repr__(self):
+        return "qd.template()"
+
+
+def template() -> Template:
+    return Template()
+
+
+class NdarraySpec:
+    """``qd.types.ndarray(dtype=, ndim=)`` / ``qd.types.NDArray[dtype, ndim]``."""
+
+    def __init__(self, dtype=None, ndim=None):
+        self.elem_type = dtype if hasattr(dtype, "ndim") and hasattr(dtype, "n") else None
+        self.dtype = None if dtype is None else (self.elem_type.dtype if self.elem_type else dtypes.to_numba(dtype))
+        self.ndim = ndim
+
+    def __repr__(self):
+        return f"qd.types.ndarray(dtype={self.elem_type or self.dtype}, ndim={self.ndim})"
+
+
+class _NDArrayAlias:
+    def __getitem__(self, item):
+        dtype, ndim = item if isinstance(item, tuple) else (item, None)
+        return NdarraySpec(dtype, ndim)
+
+    def __call__(self, dtype=None, ndim=None):
+        return NdarraySpec(dtype, ndim)
+
+
+NDArray = _NDArrayAlias()
+
+
+def _param_kind(annotation):
+    if annotation is inspect.Parameter.empty:
+        return None
+    if annotation is Template or isinstance(annotation, Template):
+        return "template"
+    if isinstance(annotation, NdarraySpec):
+        return "ndarray"
+    if annotation is NDArray or annotation is np.ndarray:
+        return "ndarray"
+    if isinstance(annotation, types.Number) or isinstance(annotation, types.Boolean) or annotation in (int, float, bool):
+        return "scalar"
+    return None
+
+
+class Param:
+    def __init__(self, name, annotation, kind):
+        self.name, self.annotation, self.kind = name, annotation, kind
+        if kind == "ndarray" and not isinstance(annotation, NdarraySpec):
+            self.annotation = NdarraySpec()
+        if kind == "scalar":
+            self.nbtype = dtypes.to_numba(annotation) if annotation not in (int, float) else \
+                (config.current.default_ip if annotation is int else config.current.default_fp)
+
+
+# -- funcs -------------------------------------------------------------------------------------------
+
+
+class QdFunc:
+    """``@qd.func``: inlined into its callers at compile time."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__qualname__
+        self._ir = {}
+
+    def frontend_ir(self, tools):
+        key = id(tools.ir)
+        if key not in self._ir:
+            self._ir[key] = _frontend(tools, self.fn, self.name)
+        return self._ir[key]
+
+    def __call__(self, *args, **kwargs):
+        raise QuadrantsSyntaxError(f"qd.func '{self.name}' can only be called from a kernel or another qd.func")
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def func(fn=None, *, is_real_function=False):
+    """Decorator: a function inlined into kernels (arguments, return values, templates)."""
+    if fn is None:
+        return lambda f: QdFunc(f)
+    return QdFunc(fn)
+
+
+def _frontend(tools, fn, name):
+    try:
+        return tools.run_frontend(fn)
+    except numba_errors.UnsupportedError as e:
+        raise QuadrantsSyntaxError(f"in '{name}': unsupported Python construct: {e}") from None
+    except numba_errors.NumbaError as e:
+        raise QuadrantsSyntaxError(f"in '{name}': {e}") from None
+
+
+# -- kernels ---------------------------------------------------------------------------------------------
+
+
+class Instance:
+    """One compiled kernel instance (per argument types and template values)."""
+
+    __slots__ = ("entry", "hidden", "tasks", "cres", "task_functions", "state")
+
+    def __init__(self, entry, hidden, tasks, cres, task_functions, state):
+        self.entry, self.hidden, self.tasks = entry, hidden, tasks
+        self.cres, self.task_functions, self.state = cres, task_functions, state
+
+
+class Kernel:
+    def __init__(self, fn, *, graph: bool = False, fuse=None):
+        self.fn = fn
+        self.name = fn.__name__
+        self.qualname = f"{fn.__module__}.{fn.__qualname__}"
+        self.graph = graph
+        self.fuse = fuse
+        sig = inspect.signature(fn)
+        self.params = []
+        for p in sig.parameters.values():
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                raise QuadrantsSyntaxError(f"kernel '{self.name}': *args/**kwargs parameters are not supported")
+            kind = _param_kind(p.annotation)
+            if kind is None:
+                raise QuadrantsSyntaxError(
+                    f"kernel '{self.name}': parameter '{p.name}' needs a type annotation "
+                    "(a scalar dtype, qd.types.ndarray(...), or qd.template())")
+            self.params.append(Param(p.name, p.annotation, kind))
+        self.return_type = None
+        if sig.return_annotation is not inspect.Signature.empty and sig.return_annotation is not None:
+            self.return_type = dtypes.to_numba(sig.return_annotation)
+        self._instances = {}
+        self._lock = threading.RLock()
+        self._ir = None
+        self.compile_count = 0
+        self.last_instance = None
+        self._caller = self._make_caller()
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    # -- the call path ---------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if kwargs or len(args) != len(self.params):
+            args = self._bind(args, kwargs)
+        return self._caller(*args)
+
+    def _bind(self, args, kwargs):
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise QuadrantsTypeError(f"kernel '{self.name}': {e}") from None
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def _make_caller(self):
+        """Generate the per-kernel fast path (see the module docstring)."""
+        names = [f"a{k}" for k in range(len(self.params))]
+        lines = [f"def call({', '.join(names)}):", "    try:"]
+        key_items, runtime = [], []
+        for name, p in zip(names, self.params):
+            if p.kind == "ndarray":
+                lines.append(f"        if type({name}) is Ndarray: {name} = {name}._arr")
+                key_items.append(f"fingerprint({name})")
+                runtime.append(name)
+            elif p.kind == "template":
+                key_items.append(f"template_key({name})")
+            else:
+                runtime.append(name)
+        key = "(" + "".join(f"{k}, " for k in key_items) + ")"
+        lines += [f"        inst = instances[{key}]",
+                  "    except (KeyError, TypeError, ValueError):",
+                  "        inst = None",
+                  "    if inst is None:",
+                  f"        return slow({', '.join(names)})",
+                  "    try:",
+                  f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
+                  "    except Exception as e:",
+                  f"        raise runtime_error(e, ({', '.join(names)}{',' if names else ''})) from None"]
+        ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
+              "instances": self._instances, "slow": self._slow_call, "runtime_error": self._runtime_error}
+        exec(compile("\n".join(lines) + "\n", f"<qd_numba call {self.qualname}>", "exec"), ns)
+        return ns["call"]
+
+    def _slow_call(self, *args):
+        with self._lock:
+            args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
+            types_, templates = self._argument_types(args)
+            key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
+                        for p, a in zip(self.params, args) if p.kind != "scalar")
+            inst = self._instances.get(key)
+            if inst is None:
+                inst = self._compile(types_, templates)
+                self._instances[key] = inst
+            self.last_instance = inst
+        runtime = [a for p, a in zip(self.params, args) if p.kind != "template"]
+        try:
+            return inst.entry(*runtime, *inst.hidden)
+        except Exception as e:
+            raise self._runtime_error(e, args) from None
+
+    def _runtime_error(self, exc, args):
+        if isinstance(exc, QuadrantsError):
+            return exc
+        if isinstance(exc, IndexError):
+            return QuadrantsRuntimeError(f"kernel '{self.name}': out-of-bounds access: {exc}")
+        if isinstance(exc, (TypeError, ValueError, OverflowError)):
+            try:
+                self._argument_types(tuple(a._arr if isinstance(a, Ndarray) else a for a in args))
+            except QuadrantsError as e:
+                return e
+            return QuadrantsTypeError(f"kernel '{self.name}': bad argument: {exc}")
+        return QuadrantsRuntimeError(f"kernel '{self.name}' failed: {type(exc).__name__}: {exc}")
+
+    # -- argument checks ------------------------------------------------------------------------------
+    def _argument_types(self, args):
+        """(runtime param name -> Numba type, template name -> value); raises on bad arguments."""
+        types_, templates = {}, {}
+        debug = config.current.debug
+        for p, a in zip(self.params, args):
+            where = f"kernel '{self.name}', argument '{p.name}'"
+            if p.kind == "template":
+                templates[p.name] = a
+            elif p.kind == "scalar":
+                if not isinstance(a, (int, float, bool, np.number, np.bool_)):
+                    raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+                if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
+                    raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
+                types_[p.name] = p.nbtype
+            else:
+                types_[p.name] = _ndarray_type(where, p.annotation, a, debug)
+        return types_, templates
+
+    # -- compilation ---------------------------------------------------------------------------------
+    def frontend_ir(self, tools):
+        if self._ir is None:
+            self._ir = _frontend(tools, self.fn, self.name)
+        return self._ir
+
+    def _compile(self, param_types, templates) -> Instance:
+        from .targets import cpu
+
+        cfg = config.current
+        tools = IRTools.for_cpu()
+        runtime_params = [p.name for p in self.params if p.kind != "template"]
+        state = CompileState(tools=tools, func_ir=copy.deepcopy(self.frontend_ir(tools)), kernel_name=self.name,
+                             config=cfg, runtime_params=runtime_params, param_types=param_types,
+                             template_values=templates)
+        take_pending()
+        try:
+            run_untyped_pipeline(state)
+            driver, task_functions = cpu.build_driver(state, cfg.debug)
+            argtypes = [param_types[n] for n in runtime_params] + [
+                field_type(f, cfg.debug) for f in state.hidden]
+            cres = cpu.compile_driver(driver, argtypes, cfg.debug)
+        except QuadrantsError:
+            raise
+        except numba_errors.NumbaError as e:
+            if cfg.raw_errors:
+                raise
+            pending = take_pending() or next((tf.error for tf in getattr(state, "_tfs", ()) if tf.error), None)
+            raise _wrap_numba_error(self.name, e, pending) from None
+        self.compile_count += 1
+        hidden = tuple(f._arr for f in state.hidden)
+        return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state)
+
+    # -- introspection ------------------------------------------------------------------------------------
+    def tasks(self, *args, **kwargs):
+        """The Tasks of the instance these arguments select (compiling it if needed)."""
+        if kwargs or len(args) != len(self.params):
+            args = self._bind(args, kwargs)
+        args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
+        types_, templates = self._argument_types(args)
+        key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
+                    for p, a in zip(self.params, args) if p.kind != "scalar")
+        with self._lock:
+            inst = self._instances.get(key)
+            if inst is None:
+                inst = self._instances[key] = self._compile(types_, templates)
+        return list(inst.tasks)
+
+    def __repr__(self):
+        return f"<qd.kernel {self.qualname}>"
+
+
+def run_untyped_pipeline(state) -> None:
+    """BindArguments, then (ResolveGlobals, InlineFuncs, FoldStatic) to a fixed point, then
+    RewriteSubscripts and Offload; the IR is verified after every pass."""
+    stages = []
+
+    def run(p):
+        changed = p.run(state)
+        verify_ir(state, p.name)
+        if changed:
+            dump_ir(state, p.name)
+        stages.append(p.name)
+        return changed
+
+    run(BindArguments())
+    for _ in range(64):
+        changed = run(ResolveGlobals())
+        changed |= run(InlineFuncs())
+        changed |= run(FoldStatic())
+        if not changed:
+            break
+    else:
+        raise state.error(QuadrantsCompilationError, "compile-time evaluation did not converge")
+    run(RewriteSubscripts())
+    run(ResolveGlobals())
+    run(Offload())
+
+
+PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
+            "offload", "cpu.build_driver", "numba typing + lowering")
+
+
+def template_key(value):
+    if isinstance(value, (int, float, bool, str, type(None))):
+        return (type(value), value)
+    return id(value)
+
+
+def field_type(f: ArrayData, debug: bool) -> FieldType:
+    return FieldType(f.dtype, len(f.shape), f.elem_type, "C", checked=debug,
+                     kind="field" if not isinstance(f, Ndarray) else "ndarray")
+
+
+def _ndarray_type(where, spec, a, debug):
+    if not isinstance(a, np.ndarray):
+        raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy array or qd.ndarray), got {type(a).__name__}")
+    from numba.np.numpy_support import from_dtype
+
+    try:
+        dtype = from_dtype(a.dtype)
+    except NotImplementedError:
+        raise QuadrantsTypeError(f"{where}: unsupported dtype {a.dtype}") from None
+    elem = spec.elem_type
+    eshape = element_shape(elem)
+    ndim = a.ndim - len(eshape)
+    if eshape and a.shape[ndim:] != eshape:
+        raise QuadrantsTypeError(f"{where}: expected elements of shape {eshape}, got array of shape {a.shape}")
+    if spec.dtype is not None and dtype != spec.dtype:
+        raise QuadrantsTypeError(f"{where}: expected dtype {spec.dtype}, got {dtype}")
+    if spec.ndim is not None and ndim != spec.ndim:
+        raise QuadrantsTypeError(f"{where}: expected ndim={spec.ndim}, got an array with ndim={ndim}")
+    layout = "C" if a.flags.c_contiguous else "A"
+    readonly = not a.flags.writeable
+    if elem is not None:
+        return FieldType(dtype, ndim, elem, layout, readonly=readonly, checked=debug, kind="ndarray")
+    return types.Array(dtype, ndim, layout, readonly=readonly)
+
+
+def _wrap_numba_error(kernel_name, e, pending):
+    text = str(e)
+    loc = getattr(e, "loc", None)
+    if pending is not None:
+        return located(type(pending), str(pending), kernel_name, loc)
+    if isinstance(e, numba_errors.TypingError):
+        first = text.strip().splitlines()[0] if text.strip() else "type error"
+        return QuadrantsTypeError(f"in kernel '{kernel_name}': {first}\n{text}")
+    if isinstance(e, numba_errors.UnsupportedError):
+        return QuadrantsSyntaxError(f"in kernel '{kernel_name}': unsupported construct: {text}")
+    return QuadrantsCompilationError(f"in kernel '{kernel_name}': {text}")
+
+
+def kernel(fn=None, *, graph: bool = False, fuse=None):
+    """Decorator: a kernel whose top-level for loops run in parallel."""
+    if fn is None:
+        return lambda f: Kernel(f, graph=graph, fuse=fuse)
+    return Kernel(fn, graph=graph, fuse=fuse)

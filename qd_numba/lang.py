@@ -1,0 +1,99 @@
+"""Language constructs that kernels use by name: ``qd.ndrange``, ``qd.grouped``, ``qd.static``,
+``qd.atomic_*``, ``qd.random``, ``qd.loop_config``.
+
+Inside kernels most of these are compile-time markers: the passes recognise the objects
+defined here (by identity) and rewrite them — ``qd.static`` is folded, ``ndrange``/``grouped``
+become iteration spaces, ``atomic_*`` become atomic read-modify-writes. Their Python
+bodies give the same meaning in Python scope, where that makes sense.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+from . import config
+
+
+def ndrange(*dims):
+    """Python scope: iterate over a multi-dimensional range (ints or ``(start, end)`` pairs)."""
+    ranges = [range(d) if isinstance(d, (int, np.integer)) else range(d[0], d[1]) for d in dims]
+    return itertools.product(*ranges)
+
+
+def grouped(iterable):
+    """In a kernel: iterate with one vector index ``I`` instead of separate indices."""
+    from .field import ArrayData
+
+    if isinstance(iterable, ArrayData):
+        return ndrange(*iterable.shape)
+    return iterable
+
+
+def static(value, *more):
+    """Evaluate at compile time (``if qd.static(cond)``, ``for i in qd.static(range(3))``)."""
+    return (value, *more) if more else value
+
+
+def loop_config(*, serialize: bool = False, block_dim: int | None = None, parallelize: int | None = None):
+    """Options for the next top-level loop (``serialize=True`` runs it on one thread)."""
+
+
+def _atomic_python(op):
+    def atomic(target, value):
+        raise RuntimeError(f"qd.atomic_{op} can only be used inside a kernel or func")
+
+    atomic.__name__ = f"atomic_{op}"
+    atomic.__qualname__ = atomic.__name__
+    atomic.qd_atomic_op = op
+    return atomic
+
+
+atomic_add = _atomic_python("add")
+atomic_sub = _atomic_python("sub")
+atomic_min = _atomic_python("min")
+atomic_max = _atomic_python("max")
+atomic_and = _atomic_python("and")
+atomic_or = _atomic_python("or")
+atomic_xor = _atomic_python("xor")
+ATOMIC_FUNCTIONS = {f: f.qd_atomic_op for f in (atomic_add, atomic_sub, atomic_min, atomic_max,
+                                                 atomic_and, atomic_or, atomic_xor)}
+
+
+def random(dtype=None):
+    """A uniform random number: float in [0, 1), or an integer over the dtype's range."""
+    dt = config.current.default_fp if dtype is None else dtype
+    if isinstance(dt, types.Integer) or dt is int:
+        return int(np.random.randint(-(2**31), 2**31))
+    return float(np.random.random())
+
+
+@overload(random)
+def _random(dtype=None):
+    if dtype is None or isinstance(dtype, (types.NoneType, types.Omitted)):
+        fp = config.current.default_fp
+
+        def impl(dtype=None):
+            return fp(np.random.random())
+        return impl
+    if isinstance(dtype, types.NumberClass):
+        inner = dtype.instance_type
+        if isinstance(inner, types.Integer):
+            def impl_int(dtype=None):
+                return dtype(np.random.randint(-(2**31), 2**31))
+            return impl_int
+
+        def impl_float(dtype=None):
+            return dtype(np.random.random())
+        return impl_float
+    return None
+
+
+def sync() -> None:
+    """Wait for all launched work (kernels on CPU return when done)."""
+    from . import runtime
+
+    runtime.sync()

@@ -1,0 +1,275 @@
+"""Element access on fields and ndarrays: loads, stores, atomics, bounds checks.
+
+Three intrinsics do all the work, for ``FieldType`` and for plain Numba arrays alike, and
+speak in scalars or flat tuples of scalars (one per vector/matrix component, row-major):
+
+* ``element_load(f, idx)``            -> scalar, or tuple of components
+* ``element_store(f, idx, value)``    (value: scalar or tuple; cast to the dtype)
+* ``element_atomic(f, idx, value, op)`` -> old value; ``op`` in ``ATOMIC_OPS``
+
+``idx`` is an integer, a tuple of integers, or ``None`` (0-d). The number of indices must
+match the element dimensions; a mismatch is a :class:`QuadrantsIndexError` at compile time.
+``FieldType(checked=True)`` raises ``IndexError`` on an out-of-bounds index (``debug=True``),
+which the kernel call turns into ``QuadrantsRuntimeError`` naming the kernel.
+
+The ``getitem``/``setitem``/``shape`` overloads at the bottom give fields Python syntax and
+convert component tuples to and from vector/matrix values.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from llvmlite import ir as llir
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload, overload_attribute, overload_method
+
+from ..errors import QuadrantsIndexError, QuadrantsTypeError, typing_error
+from ..typing.field import FieldType
+
+# qd op name -> (LLVM op for signed ints, unsigned ints, floats); None: not supported.
+ATOMIC_OPS = {
+    "add": ("add", "add", "fadd"),
+    "sub": ("sub", "sub", "fsub"),
+    "min": ("min", "umin", "fmin"),
+    "max": ("max", "umax", "fmax"),
+    "and": ("and", "and", None),
+    "or": ("or", "or", None),
+    "xor": ("xor", "xor", None),
+}
+
+
+def _layout(ty):
+    """(scalar dtype, element ndim, element shape, checked, array type) of a field or array type."""
+    if isinstance(ty, FieldType):
+        return ty.dtype, ty.ndim, ty.elem_shape, ty.checked, ty.array_type
+    if isinstance(ty, types.Array):
+        return ty.dtype, ty.ndim, (), False, ty
+    return None
+
+
+def _index_arity(idx):
+    if isinstance(idx, types.NoneType):
+        return 0
+    if isinstance(idx, types.Integer):
+        return 1
+    if isinstance(idx, types.BaseTuple) and all(isinstance(t, types.Integer) for t in idx):
+        return len(idx)
+    return None
+
+
+def check_index(ty, idx, what="index", component=False):
+    """Raise QuadrantsIndexError unless ``idx`` is a valid element (or component) index for ``ty``."""
+    _, ndim, elem_shape, _, _ = _layout(ty)
+    arity = _index_arity(idx)
+    if arity is None:
+        raise typing_error(QuadrantsTypeError(f"cannot {what} {ty} with {idx}: indices must be integers"))
+    expected = ndim + (len(elem_shape) if component else 0)
+    if arity != expected:
+        raise typing_error(QuadrantsIndexError(
+            f"{ty} has {ndim} dimension(s) but is accessed with {arity} index(es)"
+            if not component else f"{ty} component access needs {expected} indices, got {arity}"
+        ))
+
+
+def _index_values(builder, idxty, idxval):
+    if isinstance(idxty, types.NoneType):
+        return [], []
+    if isinstance(idxty, types.Integer):
+        return [idxval], [idxty]
+    return cgutils.unpack_tuple(builder, idxval, len(idxty)), list(idxty)
+
+
+def _component_pointers(context, builder, ty, val, idxty, idxval):
+    """Pointers to each component of the selected element, bounds-checked if ``ty.checked``."""
+    dtype, ndim, elem_shape, checked, arrty = _layout(ty)
+    arrval = cgutils.create_struct_proxy(ty)(context, builder, value=val).arr if isinstance(ty, FieldType) else val
+    ary = context.make_array(arrty)(context, builder, arrval)
+    shape = cgutils.unpack_tuple(builder, ary.shape, arrty.ndim)
+    strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
+    raw, raw_types = _index_values(builder, idxty, idxval)
+    intp = context.get_value_type(types.intp)
+    inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
+    if checked:
+        for axis, (ind, dim) in enumerate(zip(inds, shape)):
+            out = builder.icmp_unsigned(">=", ind, dim)
+            with cgutils.if_unlikely(builder, out):
+                context.call_conv.return_user_exc(
+                    builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",)
+                )
+    if len(inds) == arrty.ndim:  # a single component of a vector/matrix element
+        return [cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)]
+    pointers = []
+    for comp in _component_indices(elem_shape):
+        full = inds + [llir.Constant(intp, c) for c in comp]
+        pointers.append(cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, full))
+    return pointers
+
+
+def _component_indices(elem_shape):
+    if not elem_shape:
+        return [()]
+    if len(elem_shape) == 1:
+        return [(i,) for i in range(elem_shape[0])]
+    return [(i, j) for i in range(elem_shape[0]) for j in range(elem_shape[1])]
+
+
+def _value_type(ty):
+    dtype, _, elem_shape, _, _ = _layout(ty)
+    if not elem_shape:
+        return dtype
+    count = 1
+    for s in elem_shape:
+        count *= s
+    return types.UniTuple(dtype, count)
+
+
+def _components(builder, valty, val, count):
+    if isinstance(valty, types.BaseTuple):
+        if len(valty) != count:
+            raise QuadrantsTypeError(f"cannot store a value with {len(valty)} components into elements of {count}")
+        return cgutils.unpack_tuple(builder, val, count), list(valty)
+    return [val] * count, [valty] * count  # a scalar fills every component
+
+
+@intrinsic
+def element_load(typingctx, f, idx):
+    if _layout(f) is None:
+        return None
+    check_index(f, idx, "read")
+    resty = _value_type(f)
+
+    def codegen(context, builder, sig, args):
+        ptrs = _component_pointers(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        dtype = _layout(sig.args[0])[0]
+        loaded = [context.unpack_value(builder, dtype, p) for p in ptrs]
+        if isinstance(sig.return_type, types.BaseTuple):
+            return context.make_tuple(builder, sig.return_type, loaded)
+        return loaded[0]
+
+    return resty(f, idx), codegen
+
+
+@intrinsic
+def element_store(typingctx, f, idx, value):
+    if _layout(f) is None:
+        return None
+    check_index(f, idx, "write")
+    if not _layout(f)[4].mutable:
+        raise typing_error(QuadrantsTypeError(f"cannot write to a read-only {f}"))
+
+    def codegen(context, builder, sig, args):
+        fty, idxty, valty = sig.args
+        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
+        dtype = _layout(fty)[0]
+        vals, vtys = _components(builder, valty, args[2], len(ptrs))
+        for p, v, vt in zip(ptrs, vals, vtys):
+            context.pack_value(builder, dtype, context.cast(builder, v, vt, dtype), p)
+        return context.get_dummy_value()
+
+    return types.none(f, idx, value), codegen
+
+
+def _llvm_atomic_op(op, dtype):
+    if op not in ATOMIC_OPS:
+        raise QuadrantsTypeError(f"unknown atomic operation {op!r}")
+    signed, unsigned, floating = ATOMIC_OPS[op]
+    if isinstance(dtype, types.Float):
+        if floating is None or dtype.bitwidth == 16:
+            raise QuadrantsTypeError(f"atomic {op} is not supported on {dtype}")
+        return floating
+    if isinstance(dtype, types.Boolean):
+        raise QuadrantsTypeError(f"atomic {op} is not supported on booleans")
+    return signed if dtype.signed else unsigned
+
+
+@intrinsic
+def element_atomic(typingctx, f, idx, value, op):
+    if _layout(f) is None or not isinstance(op, types.StringLiteral):
+        return None
+    component = _layout(f)[2] and _index_arity(idx) == _layout(f)[1] + len(_layout(f)[2])
+    check_index(f, idx, "update", component=component)
+    llop = _llvm_atomic_op(op.literal_value, _layout(f)[0])
+    resty = _layout(f)[0] if component else _value_type(f)
+
+    def codegen(context, builder, sig, args):
+        fty, idxty, valty, _ = sig.args
+        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
+        dtype = _layout(fty)[0]
+        vals, vtys = _components(builder, valty, args[2], len(ptrs))
+        olds = []
+        for p, v, vt in zip(ptrs, vals, vtys):
+            old = builder.atomic_rmw(llop, p, context.cast(builder, v, vt, dtype), "monotonic")
+            olds.append(old)
+        if isinstance(sig.return_type, types.BaseTuple):
+            return context.make_tuple(builder, sig.return_type, olds)
+        return olds[0]
+
+    return resty(f, idx, value, op), codegen
+
+
+# -- Python syntax on fields --------------------------------------------------------------
+
+def _matrix_helpers():
+    from . import matrix as m  # vector/matrix values; imported lazily (optional at typing time)
+    return m
+
+
+@overload(operator.getitem)
+def _field_getitem(f, idx):
+    if not isinstance(f, FieldType):
+        return None
+    if _is_matrix(idx):
+        to_tuple = _matrix_helpers().matrix_to_tuple
+        return lambda f, idx: f[to_tuple(idx)]
+    if f.elem_type is None:
+        return lambda f, idx: element_load(f, idx)
+    from_tuple = _matrix_helpers().matrix_from_tuple
+    elem = f.elem_type
+    return lambda f, idx: from_tuple(element_load(f, idx), elem)
+
+
+@overload(operator.setitem)
+def _field_setitem(f, idx, value):
+    if not isinstance(f, FieldType):
+        return None
+    if _is_matrix(idx):
+        to_tuple = _matrix_helpers().matrix_to_tuple
+        return lambda f, idx, value: element_store(f, to_tuple(idx), value)
+    if _is_matrix(value):
+        to_tuple = _matrix_helpers().matrix_to_tuple
+        return lambda f, idx, value: element_store(f, idx, to_tuple(value))
+    return lambda f, idx, value: element_store(f, idx, value)
+
+
+@overload_attribute(FieldType, "shape")
+def _field_shape(f):
+    ndim = f.ndim
+    return lambda f: _field_array(f).shape[:ndim]
+
+
+@overload_method(FieldType, "to_array")
+def _field_to_array(f):
+    return lambda f: _field_array(f)
+
+
+@intrinsic
+def _field_array(typingctx, f):
+    if not isinstance(f, FieldType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        arr = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0]).arr
+        return _incref(context, builder, sig.return_type, arr)
+
+    return f.array_type(f), codegen
+
+
+def _incref(context, builder, ty, val):
+    if context.enable_nrt:
+        context.nrt.incref(builder, ty, val)
+    return val
+
+
+def _is_matrix(ty):
+    return type(ty).__name__ == "MatrixType"

@@ -1,0 +1,162 @@
+"""Compiled helpers that passes/rewrite_subscripts.py calls: atomics, value updates, division.
+
+Each is a Python function (so the rewrite can reference it as a global) with an
+``@overload`` that picks the implementation from the argument types: the untyped rewrite
+cannot know whether ``L[I] = V`` stores into an array or updates a local vector value.
+"""
+
+from __future__ import annotations
+
+from numba.core import types
+from numba.extending import overload
+
+from .. import config
+from ..typing.field import FieldType
+from .field import element_atomic, element_store
+
+__all__ = ["element_atomic", "nested_atomic", "subscript_store", "write_back", "apply_op",
+           "true_divide", "as_index_tuple"]
+
+
+def _compiled_only(*args):
+    raise NotImplementedError("compiled code only")
+
+
+def nested_atomic(base, outer_index, inner_index, value, op):
+    _compiled_only()
+
+
+def subscript_store(target, index, value):
+    _compiled_only()
+
+
+def write_back(base, index, value):
+    _compiled_only()
+
+
+def apply_op(a, b, op):
+    _compiled_only()
+
+
+def true_divide(a, b):
+    _compiled_only()
+
+
+def as_index_tuple(i):
+    _compiled_only()
+
+
+def index_vector(idx):
+    """The vector index ``I`` of ``for I in qd.grouped(...)``, from an index tuple."""
+    _compiled_only()
+
+
+@overload(index_vector)
+def _index_vector(idx):
+    if not isinstance(idx, types.BaseTuple):
+        return None
+    from .. import matrix as qd_matrix
+    from .matrix import matrix_from_tuple
+
+    vec = qd_matrix.vector(len(idx), types.int32)
+
+    def impl(idx):
+        return matrix_from_tuple(idx, vec)
+    return impl
+
+
+def _is_matrix(ty):
+    return type(ty).__name__ == "MatrixType"
+
+
+def _is_data(ty):
+    return isinstance(ty, (FieldType, types.Array))
+
+
+@overload(as_index_tuple)
+def _as_index_tuple(i):
+    if isinstance(i, types.Integer):
+        return lambda i: (i,)
+    if isinstance(i, types.BaseTuple):
+        return lambda i: i
+    if isinstance(i, types.NoneType):
+        return lambda i: ()
+    if _is_matrix(i):
+        from .matrix import matrix_to_tuple
+        return lambda i: matrix_to_tuple(i)
+    return None
+
+
+@overload(nested_atomic)
+def _nested_atomic(base, outer_index, inner_index, value, op):
+    if not _is_data(base):
+        return None
+
+    def impl(base, outer_index, inner_index, value, op):
+        return element_atomic(base, as_index_tuple(outer_index) + as_index_tuple(inner_index), value, op)
+
+    return impl
+
+
+@overload(subscript_store)
+def _subscript_store(target, index, value):
+    if _is_matrix(target):
+        from .matrix import matrix_with_item
+        return lambda target, index, value: matrix_with_item(target, index, value)
+    if isinstance(target, FieldType):
+        def store_field(target, index, value):
+            target[index] = value
+            return target
+        return store_field
+    if isinstance(target, types.Array):
+        def store_array(target, index, value):
+            target[index] = value
+            return target
+        return store_array
+    return None
+
+
+@overload(write_back)
+def _write_back(base, index, value):
+    if _is_matrix(value) and _is_data(base):
+        def store(base, index, value):
+            base[index] = value
+            return 0
+        return store
+    return lambda base, index, value: 0
+
+
+_OPS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b,
+    "min": lambda a, b: min(a, b),
+    "max": lambda a, b: max(a, b),
+}
+
+
+@overload(apply_op)
+def _apply_op(a, b, op):
+    if not isinstance(op, types.StringLiteral):
+        return None
+    fn = _OPS[op.literal_value]
+    if op.literal_value in ("min", "max") and _is_matrix(a):
+        from .. import math as qd_math
+        fn = qd_math.min if op.literal_value == "min" else qd_math.max
+    from numba import njit
+
+    jitted = njit(inline="always")(fn)
+    return lambda a, b, op: jitted(a, b)
+
+
+@overload(true_divide)
+def _true_divide(a, b):
+    if isinstance(a, types.Integer) and isinstance(b, types.Integer):
+        fp = config.current.default_fp
+        return lambda a, b: fp(a) / fp(b)
+    return lambda a, b: a / b
+
+
+_ = element_store  # re-exported for the passes

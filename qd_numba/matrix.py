@@ -1,0 +1,372 @@
+"""Python-scope small vectors and matrices: ``qd.Vector``, ``qd.Matrix``, ``vector(n, dtype)``,
+``matrix(n, m, dtype)``.
+
+Responsibilities:
+
+* :class:`Matrix` / :class:`Vector` — user-facing classes. In Python scope an instance holds a
+  numpy array (``entries``; shape ``(n,)`` or ``(n, m)``) and supports indexing, arithmetic, the
+  methods of compiled code (via numpy) and ``to_numpy()``. Inside compiled code the same names
+  build register values (``qd.Vector([a, b], dt=qd.f64)``, ``qd.Matrix.identity(qd.f32, 3)``).
+* ``typeof`` of an instance is its :class:`~qd_numba.typing.matrix.MatrixType`, so instances are
+  compile-time constants when captured as globals and are boxed/unboxed as arguments.
+* :func:`vector` / :func:`matrix` return the (interned, hashable) ``MatrixType``; calling it with
+  values builds a vector/matrix, in Python scope and in compiled code.
+
+The dtype rules live in one place, ``qd_numba/typing/matrix.py``; Python-scope results follow
+them exactly (numpy computes, then the result is cast to the rule's dtype).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numba.core import errors as nb_errors
+from numba.core import types
+from numba.core.typing.typeof import typeof_impl
+from numba.np.numpy_support import from_dtype
+
+from .dtypes import f32, to_numba, to_numpy
+from .errors import QuadrantsTypeError
+from .lowering import matrix as _lowering_matrix  # noqa: F401  (registers data model and lowering)
+from .typing.matrix import (
+    MatrixClass,
+    MatrixType,
+    VectorClass,
+    binop_dtypes,
+    constructor_dtype,
+    default_float,
+    matmul_type,
+    method_type,
+)
+
+
+def vector(n: int, dtype=f32) -> MatrixType:
+    """The type of an ``n``-vector of ``dtype`` (``qd.types.vector``); call it to build one."""
+    return MatrixType(to_numba(dtype), n, 1, 1)
+
+
+def matrix(n: int, m: int, dtype=f32) -> MatrixType:
+    """The type of an ``n`` x ``m`` matrix of ``dtype`` (``qd.types.matrix``); call it to build one."""
+    return MatrixType(to_numba(dtype), n, m, 2)
+
+
+def _scalar_nb_type(x) -> types.Type:
+    """Numba type of a Python-scope scalar, as compiled code would see it."""
+    if isinstance(x, (bool, np.bool_)):
+        return types.boolean
+    if isinstance(x, int):
+        return types.int64
+    if isinstance(x, float):
+        return types.float64
+    if isinstance(x, np.generic):
+        return from_dtype(x.dtype)
+    raise QuadrantsTypeError(f"not a scalar: {x!r}")
+
+
+def _element_nb_type(x) -> types.Type:
+    """Like :func:`_scalar_nb_type`, but Python float constants count as f32 (constructor rule)."""
+    if type(x) is float:
+        return types.float32
+    return _scalar_nb_type(x)
+
+
+def _nb_type(x) -> types.Type:
+    return x.type if isinstance(x, Matrix) else _scalar_nb_type(x)
+
+
+def _flatten(values) -> list:
+    if isinstance(values, Matrix):
+        return list(values.entries.reshape(-1))
+    if isinstance(values, np.ndarray):
+        return list(values.reshape(-1))
+    if isinstance(values, (list, tuple)):
+        return [e for v in values for e in _flatten(v)]
+    return [values]
+
+
+def _wrap(arr: np.ndarray) -> Matrix:
+    obj = object.__new__(Vector if arr.ndim == 1 else Matrix)
+    obj.entries = arr
+    return obj
+
+
+def _as_matrix_array(values, dt) -> np.ndarray:
+    if isinstance(values, Matrix):
+        values = values.entries
+    if dt is not None:
+        dtype = to_numba(dt)
+    elif isinstance(values, np.ndarray):
+        dtype = constructor_dtype([from_dtype(values.dtype)])
+    else:
+        dtype = constructor_dtype([_element_nb_type(e) for e in _flatten(values)])
+    rows = values
+    if not isinstance(values, np.ndarray):
+        rows = [r.entries if isinstance(r, Matrix) else r for r in values]
+    arr = np.array(rows, dtype=to_numpy(dtype))
+    if arr.ndim not in (1, 2) or arr.size == 0:
+        raise QuadrantsTypeError(f"a vector/matrix needs a non-empty 1-D or 2-D list, got shape {arr.shape}")
+    return arr
+
+
+class _MatrixMeta(type):
+    """Metaclass of Vector/Matrix: lets compiled code type the classes themselves."""
+
+    _qd_matrix_constructor = True
+
+
+@typeof_impl.register(_MatrixMeta)
+def _typeof_matrix_class(val, c):
+    return VectorClass if issubclass(val, Vector) else MatrixClass
+
+
+class Matrix(metaclass=_MatrixMeta):
+    """A small ``n`` x ``m`` matrix (or, built from a flat list, a vector)."""
+
+    __slots__ = ("entries",)
+    __hash__ = None  # == is elementwise
+
+    def __init__(self, values, dt=None):
+        self.entries = _as_matrix_array(values, dt)
+        if self.entries.ndim == 1:
+            self.__class__ = Vector
+
+    # --- type and conversion -----------------------------------------------------------------
+    @property
+    def type(self) -> MatrixType:
+        arr = self.entries
+        dtype = types.boolean if arr.dtype == np.bool_ else from_dtype(arr.dtype)
+        if arr.ndim == 1:
+            return MatrixType(dtype, arr.shape[0], 1, 1)
+        return MatrixType(dtype, arr.shape[0], arr.shape[1], 2)
+
+    @property
+    def dtype(self) -> types.Type:
+        return self.type.dtype
+
+    @property
+    def n(self) -> int:
+        return self.entries.shape[0]
+
+    @property
+    def m(self) -> int:
+        return 1 if self.entries.ndim == 1 else self.entries.shape[1]
+
+    @property
+    def ndim(self) -> int:
+        return self.entries.ndim
+
+    def to_numpy(self) -> np.ndarray:
+        return self.entries.copy()
+
+    def tolist(self) -> list:
+        return self.entries.tolist()
+
+    def _flat_tuple(self) -> tuple:
+        return tuple(self.entries.reshape(-1).tolist())
+
+    def __array__(self, dtype=None, copy=None):
+        return self.entries if dtype is None else self.entries.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.entries.tolist()}, dt={self.dtype})"
+
+    # --- indexing ----------------------------------------------------------------------------
+    def __getitem__(self, idx):
+        out = self.entries[idx]
+        return _wrap(out.copy()) if isinstance(out, np.ndarray) else out
+
+    def __setitem__(self, idx, value):
+        self.entries[idx] = value.entries if isinstance(value, Matrix) else value
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
+
+    # --- operators ---------------------------------------------------------------------------
+    def _binop(self, op, a, b):
+        try:
+            res = binop_dtypes(op, _nb_type(a), _nb_type(b))
+        except nb_errors.TypingError as e:
+            raise QuadrantsTypeError(str(e)) from None
+        if res is None:
+            return NotImplemented
+        operand, rt = res
+        calc = to_numpy(rt.dtype if op is operator.truediv else operand)
+        x = np.asarray(a.entries if isinstance(a, Matrix) else a).astype(calc)
+        y = np.asarray(b.entries if isinstance(b, Matrix) else b).astype(calc)
+        with np.errstate(over="ignore"):
+            out = op(x, y)
+        return _wrap(np.asarray(out).astype(to_numpy(rt.dtype)))
+
+    def __matmul__(self, other):
+        if not isinstance(other, Matrix):
+            return NotImplemented
+        try:
+            rt = matmul_type(self.type, other.type)
+        except nb_errors.TypingError as e:
+            raise QuadrantsTypeError(str(e)) from None
+        dtype = rt.dtype if isinstance(rt, MatrixType) else rt
+        out = self.entries.astype(to_numpy(dtype)) @ other.entries.astype(to_numpy(dtype))
+        return _wrap(out) if isinstance(rt, MatrixType) else out[()]
+
+    def __neg__(self):
+        return _wrap(-self.entries)
+
+    def __pos__(self):
+        return _wrap(self.entries.copy())
+
+    def __abs__(self):
+        return _wrap(np.abs(self.entries))
+
+    # --- methods (same result dtypes as compiled code) ---------------------------------------
+    def _result(self, name, value, *others):
+        rt = method_type(self.type, name, [_nb_type(o) for o in others])
+        if isinstance(rt, MatrixType):
+            return _wrap(np.asarray(value).astype(to_numpy(rt.dtype)))
+        return to_numpy(rt).type(value)
+
+    def _float_entries(self):
+        return self.entries.astype(to_numpy(default_float(self.dtype)))
+
+    def dot(self, other):
+        return self._result("dot", np.sum(self.entries * other.entries), other)
+
+    def norm_sqr(self):
+        return self._result("norm_sqr", np.sum(self.entries * self.entries))
+
+    def norm(self, eps=0):
+        x = self._float_entries()
+        return self._result("norm", np.sqrt(np.sum(x * x) + x.dtype.type(eps)))
+
+    def normalized(self, eps=0):
+        x = self._float_entries()
+        return self._result("normalized", x * (x.dtype.type(1) / np.sqrt(np.sum(x * x) + x.dtype.type(eps))))
+
+    def cross(self, other):
+        a, b = self.entries, other.entries
+        if self.n == 2:
+            return self._result("cross", a[0] * b[1] - a[1] * b[0], other)
+        return self._result("cross", np.cross(a, b), other)
+
+    def outer_product(self, other):
+        return self._result("outer_product", np.outer(self.entries, other.entries), other)
+
+    def transpose(self):
+        return self._result("transpose", self.entries.T)
+
+    def sum(self):
+        return self._result("sum", np.sum(self.entries))
+
+    def max(self):
+        return self._result("max", np.max(self.entries))
+
+    def min(self):
+        return self._result("min", np.min(self.entries))
+
+    def trace(self):
+        return self._result("trace", np.trace(self.entries))
+
+    def determinant(self):
+        return self._result("determinant", np.linalg.det(self.entries.astype(np.float64)).round()
+                            if self.entries.dtype.kind in "iub" else np.linalg.det(self.entries))
+
+    # --- constructors ------------------------------------------------------------------------
+    @staticmethod
+    def zero(dtype, n, m):
+        return _wrap(np.zeros((n, m), dtype=to_numpy(dtype)))
+
+    @staticmethod
+    def identity(dtype, n):
+        return _wrap(np.eye(n, dtype=to_numpy(dtype)))
+
+    # --- fields and ndarrays of matrices (the field/ndarray modules own these types) ---------
+    @staticmethod
+    def field(n, m, dtype, shape, needs_grad=False, name=None):
+        from .field import Field
+
+        return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name)
+
+    @staticmethod
+    def ndarray(n, m, dtype, shape):
+        from .ndarray import Ndarray
+
+        return Ndarray(matrix(n, m, dtype), shape)
+
+
+def _add_binops():
+    names = {
+        operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "truediv",
+        operator.floordiv: "floordiv", operator.mod: "mod", operator.pow: "pow",
+    }
+    for op, name in names.items():
+        setattr(Matrix, f"__{name}__", lambda self, other, op=op: self._binop(op, self, other))
+        setattr(Matrix, f"__r{name}__", lambda self, other, op=op: self._binop(op, other, self))
+    for op in (operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne):
+        setattr(Matrix, f"__{op.__name__}__", lambda self, other, op=op: self._binop(op, self, other))
+
+
+_add_binops()
+
+
+class Vector(Matrix):
+    """A small ``n``-vector (``qd.Vector([x, y, z])``)."""
+
+    __slots__ = ()
+
+    def __init__(self, values, dt=None):
+        super().__init__(values, dt)
+        if self.entries.ndim != 1:
+            raise QuadrantsTypeError(f"qd.Vector needs a flat list, got shape {self.entries.shape}")
+
+    x = property(lambda self: self.entries[0], lambda self, v: self.entries.__setitem__(0, v))
+    y = property(lambda self: self.entries[1], lambda self, v: self.entries.__setitem__(1, v))
+    z = property(lambda self: self.entries[2], lambda self, v: self.entries.__setitem__(2, v))
+    w = property(lambda self: self.entries[3], lambda self, v: self.entries.__setitem__(3, v))
+
+    @staticmethod
+    def zero(dtype, n):
+        return _wrap(np.zeros((n,), dtype=to_numpy(dtype)))
+
+    @staticmethod
+    def unit(n, i, dt=None):
+        out = np.zeros((n,), dtype=to_numpy(dt or f32))
+        out[i] = 1
+        return _wrap(out)
+
+    @staticmethod
+    def field(n, dtype, shape, needs_grad=False, name=None):
+        from .field import Field
+
+        return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name)
+
+    @staticmethod
+    def ndarray(n, dtype, shape):
+        from .ndarray import Ndarray
+
+        return Ndarray(vector(n, dtype), shape)
+
+
+@typeof_impl.register(Matrix)
+def _typeof_matrix(val, c):
+    return val.type
+
+
+def construct_from_type(mt: MatrixType, args) -> Matrix:
+    """Python-scope ``mt(*args)``: scalars, sequences and vectors flattened, or one scalar to fill."""
+    flat = _flatten(list(args))
+    if len(flat) == 1 and mt.count > 1:
+        flat = flat * mt.count
+    if len(flat) != mt.count:
+        raise QuadrantsTypeError(f"{mt} takes {mt.count} values (or one scalar to fill), got {len(flat)}")
+    return _wrap(np.array(flat, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+
+
+def from_flat_tuple(values: tuple, mt: MatrixType) -> Matrix:
+    """Boxing helper: the Python object for a compiled matrix value."""
+    return _wrap(np.array(values, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+
+
+__all__ = ["Matrix", "Vector", "vector", "matrix", "MatrixType"]

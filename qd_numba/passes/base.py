@@ -1,0 +1,200 @@
+"""What every pass shares: the IR module bundle, the compile state, compile-time evaluation.
+
+Passes are written against an :class:`IRTools` bundle instead of importing ``numba.core.ir``
+directly, because numba-cuda carries its own copy of Numba's IR classes; a target hands in
+the bundle that matches the IR it compiles.
+
+A pass is a class with a ``name`` and ``run(state) -> bool`` (True only if it changed the IR).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import operator
+import sys
+from types import SimpleNamespace
+
+from ..errors import QuadrantsSyntaxError, located
+
+
+@dataclasses.dataclass(frozen=True)
+class IRTools:
+    ir: object
+    ir_utils: object
+    analysis: object
+    run_frontend: object
+    inline: object          # the inline_closurecall module
+
+    @staticmethod
+    def for_cpu() -> IRTools:
+        from numba.core import analysis, inline_closurecall, ir, ir_utils
+        from numba.core.compiler import run_frontend
+
+        return IRTools(ir, ir_utils, analysis, run_frontend, inline_closurecall)
+
+
+@dataclasses.dataclass
+class CompileState:
+    tools: IRTools
+    func_ir: object
+    kernel_name: str
+    config: object
+    runtime_params: list            # names of the kernel's runtime parameters, in order
+    param_types: dict               # runtime param name -> Numba type
+    template_values: dict           # template param name -> value
+    hidden: list = dataclasses.field(default_factory=list)       # Field objects, hidden-arg order
+    hidden_vars: dict = dataclasses.field(default_factory=dict)  # id(field) -> hidden arg var name
+    block_stacks: dict = dataclasses.field(default_factory=dict)  # label -> tuple of inlined funcs
+    tasks: list = dataclasses.field(default_factory=list)
+    loops: list = dataclasses.field(default_factory=list)        # offload.OffloadedLoop per range_for task
+    dumps: list = dataclasses.field(default_factory=list)
+
+    @property
+    def ir(self):
+        return self.tools.ir
+
+    def error(self, exc_type, message, loc=None):
+        return located(exc_type, message, self.kernel_name, loc)
+
+    def refresh_definitions(self):
+        self.func_ir._definitions = self.tools.ir_utils.build_definitions(self.func_ir.blocks)
+
+    def definition(self, var):
+        """The single defining expression of ``var`` (None if it has zero or several)."""
+        defs = self.func_ir._definitions.get(var.name if hasattr(var, "name") else var, [])
+        return defs[0] if len(defs) == 1 else None
+
+    def hidden_by_arg_index(self, index: int):
+        k = index - len(self.runtime_params)
+        return self.hidden[k] if 0 <= k < len(self.hidden) else None
+
+    def new_label(self) -> int:
+        return max(self.func_ir.blocks) + 1
+
+
+class NotStatic(Exception):
+    """A value that is not known at compile time."""
+
+
+_STATIC_BUILTINS = {builtins.bool, builtins.len, builtins.int, builtins.float, builtins.tuple,
+                    builtins.range, builtins.min, builtins.max, builtins.abs, builtins.isinstance,
+                    builtins.hasattr, builtins.getattr, builtins.enumerate, builtins.zip, builtins.list}
+
+
+def static_value(state: CompileState, var, permissive: bool = False):
+    """Evaluate ``var`` at compile time, or raise NotStatic.
+
+    Follows single definitions through constants, globals, free variables, hidden field
+    arguments, attribute and item access, operators and tuples. Calls are evaluated only for
+    a few pure builtins, or for any callable when ``permissive`` (inside ``qd.static(...)``,
+    whose argument Quadrants evaluates as plain Python).
+    """
+    ir = state.ir
+    seen = 0
+    while True:
+        seen += 1
+        if seen > 100:
+            raise NotStatic(var)
+        d = state.definition(var)
+        if d is None:
+            raise NotStatic(var)
+        if isinstance(d, ir.Var):
+            var = d
+            continue
+        break
+    if isinstance(d, ir.Const):
+        return d.value
+    if isinstance(d, (ir.Global, ir.FreeVar)):
+        return d.value
+    if isinstance(d, ir.Arg):
+        field = state.hidden_by_arg_index(d.index)
+        if field is not None:
+            return field
+        raise NotStatic(var)
+    if not isinstance(d, ir.Expr):
+        raise NotStatic(var)
+    op = d.op
+    sv = lambda v: static_value(state, v, permissive)  # noqa: E731
+    if op == "getattr":
+        try:
+            return getattr(sv(d.value), d.attr)
+        except AttributeError as e:
+            raise NotStatic(var) from e
+    if op == "static_getitem":
+        return sv(d.value)[d.index]
+    if op == "getitem":
+        return sv(d.value)[sv(d.index)]
+    if op == "binop" or op == "inplace_binop":
+        return d.fn(sv(d.lhs), sv(d.rhs))
+    if op == "unary":
+        fn = {"-": operator.neg, "+": operator.pos, "not": operator.not_, "~": operator.invert}.get(d.fn, d.fn)
+        return fn(sv(d.value))
+    if op in ("build_tuple",):
+        return tuple(sv(v) for v in d.items)
+    if op == "build_list":
+        return [sv(v) for v in d.items]
+    if op == "call":
+        fn = sv(d.func)
+        from ..lang import static as qd_static
+
+        inner_permissive = permissive or fn is qd_static
+        args = [static_value(state, a, inner_permissive) for a in d.args]
+        kws = {k: static_value(state, v, inner_permissive) for k, v in d.kws}
+        if d.vararg is not None:
+            args.extend(static_value(state, d.vararg, inner_permissive))
+        if fn is qd_static or inner_permissive or fn in _STATIC_BUILTINS:
+            if fn is qd_static:
+                return args[0] if len(args) == 1 else tuple(args)
+            try:
+                return fn(*args, **kws)
+            except Exception as e:  # a user expression failed at compile time
+                raise NotStatic(var) from e
+        raise NotStatic(var)
+    raise NotStatic(var)
+
+
+_MISSING = object()
+
+
+def try_static(state, var, permissive=False):
+    """``static_value`` or ``MISSING`` when the value is not known at compile time."""
+    try:
+        return static_value(state, var, permissive)
+    except (NotStatic, TypeError, IndexError, KeyError, AttributeError, ValueError):
+        return _MISSING
+
+
+MISSING = _MISSING
+
+
+def exec_stub(name: str, arg_names: list[str]):
+    """A throw-away function with the given parameters, for a FunctionIdentity of generated IR.
+
+    It lives in this importable module's namespace (Numba's environment pickles globals by
+    module name)."""
+    ns = {"__name__": __name__}
+    params = ", ".join(arg_names)
+    exec(compile(f"def {name}({params}):\n    return None\n", f"<qd_numba stub {name}>", "exec"), ns)
+    return ns[name]
+
+
+def unsupported(state, message, loc):
+    return state.error(QuadrantsSyntaxError, message, loc)
+
+
+def dump_ir(state: CompileState, stage: str) -> None:
+    if not state.config.print_ir:
+        return
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        state.func_ir.dump()
+    text = f"=== qd_numba IR of kernel '{state.kernel_name}' after {stage} ===\n{buf.getvalue()}"
+    state.dumps.append(text)
+    print(text, file=sys.stderr)
+
+
+namespace = SimpleNamespace

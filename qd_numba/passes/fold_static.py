@@ -1,0 +1,217 @@
+"""FoldStatic: ``qd.static(...)`` is evaluated at compile time.
+
+* ``qd.static(expr)`` calls become constants (``QuadrantsSyntaxError`` if ``expr`` is not
+  compile-time known).
+* A branch whose condition is compile-time known becomes a jump; unreachable blocks are
+  removed (so the dead side of ``if qd.static(...)`` is never typed).
+* ``for x in qd.static(iterable)`` is unrolled: one copy of the body per element, with the
+  loop target bound to that element (ints, fields, funcs, tuples of them).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..errors import QuadrantsSyntaxError
+from ..lang import static as qd_static
+from .base import MISSING, try_static
+
+
+class FoldStatic:
+    name = "fold_static"
+
+    def run(self, state) -> bool:
+        changed = self._fold_calls(state)
+        changed |= self._fold_branches(state)
+        while self._unroll_one_loop(state):
+            changed = True
+        if changed:
+            state.refresh_definitions()
+        return changed
+
+    # -- qd.static(...) calls -------------------------------------------------------------
+    def _fold_calls(self, state) -> bool:
+        ir = state.ir
+        changed = False
+        state.refresh_definitions()
+        for block in state.func_ir.blocks.values():
+            for k, stmt in enumerate(block.body):
+                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
+                        and stmt.value.op == "call"):
+                    continue
+                if try_static(state, stmt.value.func) is not qd_static:
+                    continue
+                value = try_static(state, stmt.target, permissive=True)
+                if value is MISSING:
+                    raise state.error(QuadrantsSyntaxError,
+                                      "the argument of qd.static() must be known at compile time", stmt.loc)
+                const = ir.Const(value, stmt.loc) if isinstance(value, (bool, int, float, str, type(None))) \
+                    else ir.Global(stmt.target.name, value, stmt.loc)
+                block.body[k] = ir.Assign(const, stmt.target, stmt.loc)
+                changed = True
+        if changed:
+            state.refresh_definitions()
+        return changed
+
+    # -- branches ---------------------------------------------------------------------------
+    def _fold_branches(self, state) -> bool:
+        ir = state.ir
+        changed = False
+        for block in state.func_ir.blocks.values():
+            term = block.body[-1]
+            if not isinstance(term, ir.Branch):
+                continue
+            value = try_static(state, term.cond)
+            if value is MISSING or not isinstance(value, (bool, int, float, type(None))):
+                continue
+            block.body[-1] = ir.Jump(term.truebr if value else term.falsebr, term.loc)
+            changed = True
+        if changed:
+            remove_unreachable(state)
+        return changed
+
+    # -- loops --------------------------------------------------------------------------------
+    def _unroll_one_loop(self, state) -> bool:
+        ir, analysis = state.ir, state.tools.analysis
+        state.refresh_definitions()
+        cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
+        for header, loop in cfg.loops().items():
+            shape = loop_shape(state, header, loop)
+            if shape is None:
+                continue
+            iterable_def = state.definition(shape.iterable)
+            if not _is_static_call_result(state, shape.iterable, iterable_def):
+                continue
+            values = try_static(state, shape.iterable, permissive=True)
+            if values is MISSING:
+                continue
+            try:
+                values = list(values)
+            except TypeError as e:
+                raise state.error(QuadrantsSyntaxError, f"qd.static loop over a non-iterable {values!r}",
+                                  shape.loc) from e
+            self._unroll(state, shape, values)
+            return True
+        return False
+
+    def _unroll(self, state, shape, values):
+        ir = state.ir
+        blocks = state.func_ir.blocks
+        body_labels = sorted(shape.body - {shape.header})
+        entries = []
+        next_label = state.new_label()
+        copies = []
+        for value in values:
+            mapping = {}
+            for lbl in body_labels:
+                mapping[lbl] = next_label
+                next_label += 1
+            copies.append(mapping)
+            entries.append(mapping[shape.body_entry])
+        for n, (value, mapping) in enumerate(zip(values, copies)):
+            continue_to = entries[n + 1] if n + 1 < len(values) else shape.exit
+            for lbl in body_labels:
+                new = copy.deepcopy(blocks[lbl])
+                _retarget(ir, new, {**mapping, shape.header: continue_to})
+                if lbl == shape.body_entry:
+                    new.body.insert(0, ir.Assign(_constant(ir, value, shape.loc, shape.index_var.name),
+                                                 shape.index_var, shape.loc))
+                blocks[mapping[lbl]] = new
+        pre = blocks[shape.preheader]
+        pre.body = [s for s in pre.body if s not in shape.plumbing]
+        pre.body[-1] = ir.Jump(entries[0] if entries else shape.exit, pre.body[-1].loc)
+        for lbl in shape.body:
+            del blocks[lbl]
+        remove_unreachable(state)
+
+
+def _constant(ir, value, loc, name):
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return ir.Const(value, loc)
+    return ir.Global(name, value, loc)
+
+
+def _retarget(ir, block, mapping):
+    term = block.body[-1]
+    if isinstance(term, ir.Jump):
+        block.body[-1] = ir.Jump(mapping.get(term.target, term.target), term.loc)
+    elif isinstance(term, ir.Branch):
+        block.body[-1] = ir.Branch(term.cond, mapping.get(term.truebr, term.truebr),
+                                   mapping.get(term.falsebr, term.falsebr), term.loc)
+
+
+def _is_static_call_result(state, var, d):
+    ir = state.ir
+    return isinstance(d, (ir.Const, ir.Global)) or (
+        isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is qd_static)
+
+
+class LoopShape:
+    """The pieces of a Python ``for`` loop in Numba IR."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def loop_shape(state, header, loop):
+    """Describe a ``for`` loop (getiter/iternext form), or None for ``while`` loops."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    hblock = blocks[header]
+    term = hblock.body[-1]
+    if not isinstance(term, ir.Branch):
+        return None
+    iternext = next((s for s in hblock.body if isinstance(s, ir.Assign) and isinstance(s.value, ir.Expr)
+                     and s.value.op == "iternext"), None)
+    if iternext is None or len(loop.entries) != 1:
+        return None
+    preheader = next(iter(loop.entries))
+    iter_var = iternext.value.value
+    pre = blocks[preheader]
+    plumbing, iterable = [], None
+    for s in pre.body:
+        if isinstance(s, ir.Assign) and s.target.name == iter_var.name:
+            plumbing.append(s)
+            src = s.value
+            getiter = next((t for t in pre.body if isinstance(t, ir.Assign) and isinstance(src, ir.Var)
+                            and t.target.name == src.name and isinstance(t.value, ir.Expr)
+                            and t.value.op == "getiter"), None)
+            if getiter is not None:
+                plumbing.append(getiter)
+                iterable = getiter.value.value
+            elif isinstance(src, ir.Expr) and src.op == "getiter":
+                iterable = src.value
+    if iterable is None:
+        return None
+    pair_first = next(s for s in hblock.body if isinstance(s, ir.Assign) and isinstance(s.value, ir.Expr)
+                      and s.value.op == "pair_first")
+    index_var = pair_first.target
+    for s in hblock.body:  # the index is copied to a $phi variable read by the body
+        if isinstance(s, ir.Assign) and isinstance(s.value, ir.Var) and s.value.name == pair_first.target.name:
+            index_var = s.target
+    body_entry = term.truebr if term.truebr in loop.body else term.falsebr
+    exit_label = term.falsebr if body_entry == term.truebr else term.truebr
+    return LoopShape(header=header, body=set(loop.body), preheader=preheader, iterable=iterable,
+                     plumbing=plumbing, index_var=index_var, body_entry=body_entry, exit=exit_label,
+                     loc=iternext.loc, iternext=iternext)
+
+
+def remove_unreachable(state) -> None:
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    entry = min(blocks)
+    seen, todo = set(), [entry]
+    while todo:
+        lbl = todo.pop()
+        if lbl in seen or lbl not in blocks:
+            continue
+        seen.add(lbl)
+        term = blocks[lbl].body[-1]
+        if isinstance(term, ir.Jump):
+            todo.append(term.target)
+        elif isinstance(term, ir.Branch):
+            todo.extend((term.truebr, term.falsebr))
+    for lbl in list(blocks):
+        if lbl not in seen:
+            del blocks[lbl]
+    state.refresh_definitions()

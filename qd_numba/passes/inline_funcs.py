@@ -1,0 +1,56 @@
+"""InlineFuncs: every call of a ``@qd.func`` is replaced by the func's body.
+
+Funcs are inlined at the IR level, before offloading, so that a top-level loop inside a
+func called at the top level of a kernel still becomes a task, and fields/static values
+inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions are left as
+calls (they compile as ordinary Numba functions). Recursion is a QuadrantsSyntaxError.
+"""
+
+from __future__ import annotations
+
+from ..errors import QuadrantsSyntaxError
+from .base import MISSING, try_static
+
+
+class InlineFuncs:
+    name = "inline_funcs"
+
+    def run(self, state) -> bool:
+        from ..kernel import QdFunc
+
+        ir = state.ir
+        changed = False
+        progress = True
+        while progress:
+            progress = False
+            state.refresh_definitions()
+            for label, block in list(state.func_ir.blocks.items()):
+                for i, stmt in enumerate(block.body):
+                    if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
+                            and stmt.value.op == "call"):
+                        continue
+                    callee = try_static(state, stmt.value.func)
+                    if callee is MISSING or not isinstance(callee, QdFunc):
+                        continue
+                    stack = state.block_stacks.get(label, ())
+                    if callee in stack:
+                        chain = " -> ".join(f.name for f in (*stack, callee))
+                        raise state.error(QuadrantsSyntaxError,
+                                          f"recursive qd.func calls are not supported ({chain})", stmt.loc)
+                    self._inline(state, label, block, i, callee, stack)
+                    changed = progress = True
+                    break
+                if progress:
+                    break
+        return changed
+
+    @staticmethod
+    def _inline(state, label, block, i, callee, stack):
+        tools = state.tools
+        callee_ir = callee.frontend_ir(tools)
+        worker = tools.inline.InlineWorker(validator=None)
+        _, callee_blocks, _, new_blocks = worker.inline_ir(
+            state.func_ir, block, i, callee_ir, callee.fn.__code__.co_freevars)
+        for new_label, _ in new_blocks:
+            # the caller's continuation keeps the caller's stack; the callee's blocks add the callee
+            state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack

@@ -1,0 +1,321 @@
+"""Offload: every top-level ``for`` becomes a range-for Task over a canonical iteration space.
+
+Input: the kernel IR after inlining, static folding and subscript rewrites. For each top-level
+loop (``range``, ``qd.ndrange``, ``qd.grouped``, struct-for over a field/ndarray) this pass
+
+1. replaces the iterable by an iteration space (tuple of ``(start, stop, step)``, see
+   lowering/spaces.py) and the loop by ``for flat in range(space_total(space))``;
+2. binds the loop target(s) from ``space_index(space, flat)`` at the top of the body
+   (one index, several indices, or one vector index for ``qd.grouped``);
+3. records an :class:`OffloadedLoop` (the IR pieces the targets need) and a :class:`Task`.
+
+Serial code between loops that does real work becomes a ``serial`` Task. Rejected here:
+``break``/``return`` out of a top-level loop, a loop target count that does not match the
+space, and locals assigned inside a parallel loop but read after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import QuadrantsSyntaxError
+from ..field import ArrayData
+from ..lang import grouped as qd_grouped
+from ..lang import loop_config as qd_loop_config
+from ..lang import ndrange as qd_ndrange
+from ..lowering import spaces, subscripts
+from ..task import Task
+from .base import MISSING, try_static
+from .fold_static import loop_shape
+
+
+@dataclasses.dataclass
+class OffloadedLoop:
+    task_index: int
+    header: int
+    body: set              # labels, header included
+    preheader: int
+    exit: int
+    iter_var: object       # the variable iternext reads (defined in the preheader)
+    space_var: object      # the iteration space (defined in the preheader)
+    total_var: object      # number of iterations (defined in the preheader)
+    plumbing: list         # preheader statements that build the iterator (range/getiter)
+    setup: list            # preheader statements that compute the space and the total
+
+
+def _loc_str(loc) -> str:
+    return f"{loc.filename}:{loc.line}" if loc is not None else "?"
+
+
+class Offload:
+    name = "offload"
+
+    def run(self, state) -> bool:
+        ir, analysis = state.ir, state.tools.analysis
+        state.refresh_definitions()
+        cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
+        loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
+        state.loops, state.tasks = [], []
+        covered = set()
+        pending_serial = []
+        for loop in loops:
+            shape = loop_shape(state, loop.header, loop)
+            if shape is None:  # a top-level while loop: serial code
+                continue
+            self._check_exits(state, shape, loop)
+            serialize = self._take_loop_config(state, shape)
+            info = self._canonicalize(state, shape)
+            pending_serial.append(shape.preheader)
+            covered |= shape.body
+            index = len(state.tasks)
+            state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
+                                             shape.iternext.value.value, info["space"], info["total"],
+                                             info["plumbing"], info["setup"]))
+            state.tasks.append(Task.make(state.kernel_name, index, "range_for", bounds=info["bounds"],
+                                         ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
+                                         header=shape.header, body=frozenset(shape.body)))
+        self._check_live_outs(state)
+        self._insert_serial_tasks(state, covered)
+        state.refresh_definitions()
+        return bool(state.loops)
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check_exits(self, state, shape, loop):
+        ir = state.ir
+        for lbl in shape.body:
+            for stmt in state.func_ir.blocks[lbl].body:
+                if isinstance(stmt, ir.Return):
+                    raise state.error(QuadrantsSyntaxError,
+                                      "'return' inside a parallel (top-level) for loop is not supported",
+                                      stmt.loc)
+            term = state.func_ir.blocks[lbl].body[-1]
+            targets = [term.target] if isinstance(term, ir.Jump) else \
+                [term.truebr, term.falsebr] if isinstance(term, ir.Branch) else []
+            for t in targets:
+                if t not in shape.body and not (lbl == shape.header and t == shape.exit):
+                    raise state.error(QuadrantsSyntaxError,
+                                      "'break' out of a parallel (top-level) for loop is not supported; "
+                                      "put the loop inside a serial loop or use a flag", term.loc)
+
+    def _take_loop_config(self, state, shape) -> bool:
+        """Remove a ``qd.loop_config(...)`` call placed before the loop; return ``serialize``."""
+        ir = state.ir
+        pre = state.func_ir.blocks[shape.preheader]
+        for k, stmt in enumerate(pre.body):
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call" \
+                    and try_static(state, stmt.value.func) is qd_loop_config:
+                kws = dict(stmt.value.kws)
+                serialize = try_static(state, kws["serialize"]) if "serialize" in kws else False
+                pre.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
+                return bool(serialize) and serialize is not MISSING
+        return False
+
+    def _check_live_outs(self, state):
+        """Locals assigned in a parallel loop are per-thread: reading them afterwards is an error."""
+        ir, analysis = state.ir, state.tools.analysis
+        blocks = state.func_ir.blocks
+        cfg = analysis.compute_cfg_from_blocks(blocks)
+        usedefs = analysis.compute_use_defs(blocks)
+        live_map = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
+        for lp in state.loops:
+            defined = {}
+            for lbl in lp.body:
+                for stmt in blocks[lbl].body:
+                    if isinstance(stmt, ir.Assign) and not stmt.target.name.startswith("$"):
+                        defined.setdefault(stmt.target.name, stmt.loc)
+            leaked = sorted(set(defined) & set(live_map.get(lp.exit, ())))
+            if leaked:
+                raise state.error(
+                    QuadrantsSyntaxError,
+                    f"local variable '{leaked[0]}' is assigned inside a parallel for loop and read after it; "
+                    "loop iterations run in parallel, so store results in a field (0-d fields: x[None])",
+                    defined[leaked[0]])
+
+    # -- canonical iteration spaces ------------------------------------------------------------
+    def _canonicalize(self, state, shape):
+        ir = state.ir
+        blocks = state.func_ir.blocks
+        pre = blocks[shape.preheader]
+        scope = pre.scope
+        loc = shape.loc
+        new = []
+
+        def call(fn, args, name):
+            fvar = scope.redefine(f"$qd_{fn.__name__}", loc)
+            out = scope.redefine(name, loc)
+            new.append(ir.Assign(ir.Global(fn.__name__, fn, loc), fvar, loc))
+            new.append(ir.Assign(ir.Expr.call(fvar, list(args), (), loc), out, loc))
+            return out
+
+        space, ndim, is_grouped, bounds = self._space(state, shape.iterable, call, new, loc, scope)
+        total = call(spaces.space_total, [space], "$qd_total")
+        rng = scope.redefine("$qd_range", loc)
+        new.append(ir.Assign(ir.Global("range", range, loc), rng, loc))
+        rng_call = scope.redefine("$qd_range_call", loc)
+        plumbing = [ir.Assign(ir.Expr.call(rng, [total], (), loc), rng_call, loc)]
+        it = scope.redefine("$qd_iter", loc)
+        plumbing.append(ir.Assign(ir.Expr.getiter(rng_call, loc), it, loc))
+        plumbing.append(ir.Assign(it, shape.iternext.value.value, loc))
+        # preheader: <user serial code> <space/total setup> <plumbing> jump header
+        body = [s for s in pre.body[:-1] if s not in shape.plumbing]
+        pre.body = body + new + plumbing + [pre.body[-1]]
+        self._bind_targets(state, shape, space, ndim, is_grouped)
+        remove_dead_pure(state, pre)
+        return {"space": space, "total": total, "ndim": ndim, "bounds": bounds, "plumbing": plumbing,
+                "setup": new}
+
+    def _space(self, state, iterable, call, new, loc, scope):
+        """(space var, ndim, grouped, bounds text) for a loop iterable."""
+        ir = state.ir
+        d = state.definition(iterable)
+        if isinstance(d, ir.Expr) and d.op == "call":
+            fn = try_static(state, d.func)
+            if fn is range:
+                return call(spaces.range_dim, d.args, "$qd_space"), 1, False, f"range({len(d.args)} args)"
+            if fn is qd_ndrange:
+                dims = [call(spaces.ndrange_dim, [a], "$qd_dim") for a in d.args]
+                tup = scope.redefine("$qd_space", loc)
+                new.append(ir.Assign(ir.Expr.build_tuple(dims, loc), tup, loc))
+                return tup, len(dims), False, f"ndrange({len(dims)} dims)"
+            if fn is qd_grouped:
+                if len(d.args) != 1:
+                    raise state.error(QuadrantsSyntaxError, "qd.grouped() takes one argument", loc)
+                space, ndim, _, bounds = self._space(state, d.args[0], call, new, loc, scope)
+                return space, ndim, True, f"grouped({bounds})"
+        ndim = self._static_ndim(state, iterable)
+        if ndim is None:
+            raise state.error(QuadrantsSyntaxError,
+                              "a top-level for loop must iterate over range(), qd.ndrange(), qd.grouped() "
+                              "or a field/ndarray", loc)
+        return call(spaces.shape_space, [iterable], "$qd_space"), ndim, False, f"shape of {iterable.name}"
+
+    @staticmethod
+    def _static_ndim(state, var):
+        value = try_static(state, var)
+        if isinstance(value, ArrayData):
+            return len(value.shape)
+        ir = state.ir
+        d = state.definition(var)
+        while isinstance(d, ir.Var):
+            d = state.definition(d)
+        if isinstance(d, ir.Arg) and d.name in state.param_types:
+            ty = state.param_types[d.name]
+            return getattr(ty, "ndim", None)
+        return None
+
+    def _bind_targets(self, state, shape, space, ndim, is_grouped):
+        ir = state.ir
+        entry = state.func_ir.blocks[shape.body_entry]
+        scope = entry.scope
+        loc = shape.loc
+        flat = shape.index_var
+        fvar = scope.redefine("$qd_space_index", loc)
+        idx = scope.redefine("$qd_idx", loc)
+        prologue = [ir.Assign(ir.Global("space_index", spaces.space_index, loc), fvar, loc),
+                    ir.Assign(ir.Expr.call(fvar, [space, flat], (), loc), idx, loc)]
+        first = entry.body[0]
+        if isinstance(first, ir.Assign) and isinstance(first.value, ir.Expr) and first.value.op == "exhaust_iter" \
+                and first.value.value.name == flat.name:
+            if is_grouped or first.value.count != ndim:
+                raise state.error(QuadrantsSyntaxError,
+                                  f"the loop has {first.value.count} targets but iterates over {ndim} "
+                                  "dimension(s)", first.loc)
+            entry.body[0] = ir.Assign(idx, first.target, first.loc)
+        elif isinstance(first, ir.Assign) and isinstance(first.value, ir.Var) and first.value.name == flat.name:
+            if is_grouped:
+                vec = scope.redefine("$qd_grouped", loc)
+                prologue += [ir.Assign(ir.Global("index_vector", subscripts.index_vector, loc), vec, loc),
+                             ir.Assign(ir.Expr.call(vec, [idx], (), loc), first.target, loc)]
+                entry.body.pop(0)
+            elif ndim == 1:
+                entry.body[0] = ir.Assign(ir.Expr.static_getitem(idx, 0, None, loc), first.target, first.loc)
+            else:
+                raise state.error(QuadrantsSyntaxError,
+                                  f"a loop over {ndim} dimensions needs {ndim} targets (for i, j in ...) "
+                                  "or qd.grouped(...)", first.loc)
+        else:
+            raise state.error(QuadrantsSyntaxError, "unsupported loop target", loc)
+        entry.body[:0] = prologue
+
+    # -- serial tasks ---------------------------------------------------------------------------
+    def _insert_serial_tasks(self, state, covered):
+        """Number serial code that does work as tasks, in program order between the loops."""
+        ir = state.ir
+        blocks = state.func_ir.blocks
+        cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
+        order = cfg.topo_order()
+        header_of = {lp.header: lp for lp in state.loops}
+        setup = {id(s) for lp in state.loops for s in (*lp.plumbing, *lp.setup)}
+        tasks, serial_loc = [], None
+        for lbl in order:
+            if lbl in header_of:
+                if serial_loc is not None:
+                    tasks.append(("serial", serial_loc))
+                    serial_loc = None
+                tasks.append(("loop", header_of[lbl]))
+            elif lbl not in covered:
+                for stmt in blocks[lbl].body:
+                    if id(stmt) in setup or not _does_work(stmt, ir):
+                        continue
+                    serial_loc = serial_loc or stmt.loc
+        if serial_loc is not None:
+            tasks.append(("serial", serial_loc))
+        by_header = {t.header: t for t in state.tasks}
+        new_tasks = []
+        for kind, item in tasks:
+            index = len(new_tasks)
+            if kind == "serial":
+                new_tasks.append(Task.make(state.kernel_name, index, "serial", loc=_loc_str(item)))
+            else:
+                old = by_header[item.header]
+                item.task_index = index
+                new_tasks.append(Task.make(state.kernel_name, index, "range_for", bounds=old.bounds,
+                                           ndim=old.ndim, loc=old.loc, serialize=old.serialize,
+                                           header=old.header, body=old.body))
+        state.tasks = new_tasks
+
+
+def _does_work(stmt, ir) -> bool:
+    """Statements that are more than plumbing: stores, calls, user-visible assignments."""
+    if isinstance(stmt, (ir.Jump, ir.Branch)):
+        return False
+    if isinstance(stmt, ir.Return):
+        return False
+    if isinstance(stmt, ir.Assign):
+        value = stmt.value
+        if isinstance(value, ir.Arg):
+            return False
+        if isinstance(value, (ir.Const, ir.Global, ir.FreeVar, ir.Var)):
+            return not stmt.target.name.startswith("$")
+        if isinstance(value, ir.Expr) and value.op in ("cast", "getattr", "build_tuple", "static_getitem"):
+            return not stmt.target.name.startswith("$")
+        if isinstance(value, ir.Expr) and value.op == "call":
+            return True
+        return not stmt.target.name.startswith("$")
+    return True
+
+
+_PURE_CALLS = (range, qd_ndrange, qd_grouped)
+
+
+def remove_dead_pure(state, block) -> None:
+    """Drop side-effect-free assignments in ``block`` whose results nobody reads (left-over
+    iterable construction such as ``range(n)`` after canonicalisation)."""
+    ir = state.ir
+    while True:
+        used = {v.name for b in state.func_ir.blocks.values() for s in b.body for v in s.list_vars()
+                if not (isinstance(s, ir.Assign) and s.target.name == v.name)}
+        keep = []
+        for stmt in block.body:
+            if isinstance(stmt, ir.Assign) and stmt.target.name.startswith("$") and stmt.target.name not in used:
+                v = stmt.value
+                pure = isinstance(v, (ir.Const, ir.Global, ir.FreeVar, ir.Var)) or (
+                    isinstance(v, ir.Expr) and (v.op in ("getattr", "build_tuple", "static_getitem") or (
+                        v.op == "call" and try_static(state, v.func) in _PURE_CALLS)))
+                if pure:
+                    continue
+            keep.append(stmt)
+        if len(keep) == len(block.body):
+            break
+        block.body = keep
+    state.refresh_definitions()

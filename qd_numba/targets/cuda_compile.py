@@ -1,0 +1,749 @@
+"""The numba-cuda adapter: every private numba-cuda touch point of qd_numba lives here.
+
+numba-cuda 0.30 vendors its own copy of Numba's core (``numba.cuda.core``: IR classes, pass
+manager, type inference).  qd_numba's IR passes are written against an IR module that the target
+hands in; :func:`cuda_ir_modules` is that module set for CUDA.  :func:`compile_task_to_cubin`
+turns a (rewritten) numba-cuda ``FunctionIR`` plus Numba argument types into a cubin through
+NVVM and nvJitLink, with no driver and no GPU needed, and reports how the Numba arguments
+flatten into the kernel's ``.param`` list so that a launcher can pre-pack them.
+
+Pinned stack: ``numba-cuda==0.30.4`` (cu13 wheels) on ``numba 0.68``; the private names used are
+listed in ``docs/cuda_internals.md``.  numba-cuda is imported lazily: importing this module never
+fails, calling into it raises ``ImportError`` when numba-cuda is missing.
+
+GPU-less compilation of device functions (``@numba.njit`` callees and ``@overload``
+implementations) needs ``get_current_device()``; without a driver it raises.  When, and only
+when, no usable driver exists, a wrapper is installed once over
+``numba.cuda.dispatcher.get_current_device`` that answers a fake device carrying the compute
+capability being compiled for, but only on the thread that is inside
+:func:`compile_task_to_cubin`; every other call goes to the original function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import keyword
+import os
+import re
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "CompiledCudaTask",
+    "CudaIRModules",
+    "ParamSlot",
+    "array_param_values",
+    "compile_task_to_cubin",
+    "cuda_atomic_rmw",
+    "cuda_available",
+    "cuda_ir_modules",
+    "cubin_symbols",
+    "install_cuda_ufunc_math_fallbacks",
+    "is_cuda_context",
+    "make_task_function",
+    "make_task_ir",
+    "numba_cuda_importable",
+    "pack_params",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability
+
+
+def numba_cuda_importable() -> bool:
+    """True when ``numba.cuda`` (numba-cuda) imports; never raises."""
+    try:
+        import numba.cuda  # noqa: F401
+        import numba.cuda.compiler  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def cuda_available() -> bool:
+    """True when a CUDA driver is present and sees at least one device; never raises.
+
+    Cached per process (driver availability does not change while a process runs).
+    """
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return False
+        return len(cuda.gpus) > 0
+    except BaseException:  # CudaSupportError, ImportError, OSError from dlopen, ...
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# IR modules
+
+
+@dataclass(frozen=True)
+class CudaIRModules:
+    """numba-cuda's twins of ``numba.core.{ir, ir_utils, analysis, bytecode}`` and ``run_frontend``.
+
+    A pass written as ``def my_pass(func_ir, m)`` that only uses ``m.ir.Assign``, ``m.ir_utils...``
+    runs on either IR flavour; the CPU target hands in the ``numba.core`` set.
+    """
+
+    ir: ModuleType
+    ir_utils: ModuleType
+    analysis: ModuleType
+    bytecode: ModuleType
+    run_frontend: Callable[..., Any]
+    name: str = "numba.cuda.core"
+
+
+@functools.cache
+def cuda_ir_modules() -> CudaIRModules:
+    """The IR module set of numba-cuda (``numba.cuda.core.*``)."""
+    from numba.cuda import compiler as cuda_compiler
+    from numba.cuda.core import analysis, bytecode, ir, ir_utils
+
+    return CudaIRModules(
+        ir=ir,
+        ir_utils=ir_utils,
+        analysis=analysis,
+        bytecode=bytecode,
+        run_frontend=cuda_compiler.run_frontend,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Skeleton task functions
+
+
+_DEFAULT_TASK_MODULE = __name__
+_skeleton_counter = iter(range(1, sys.maxsize))
+_skeleton_lock = threading.Lock()
+
+
+def make_task_function(
+    arg_names: Sequence[str],
+    *,
+    name: str = "task",
+    module_name: str = _DEFAULT_TASK_MODULE,
+    namespace: dict[str, Any] | None = None,
+) -> Callable[..., None]:
+    """Create ``def <name>(<arg_names>): pass`` by ``exec`` in a namespace whose ``__name__`` is
+    ``module_name`` (an importable module, so Numba's FunctionIdentity, mangling and pickling see
+    a real module).  ``namespace`` (copied) supplies extra globals for the function."""
+    names = list(arg_names)
+    for n in names:
+        if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n):
+            raise ValueError(f"not a valid argument name: {n!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate argument names: {names}")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"not a valid function name: {name!r}")
+    ns: dict[str, Any] = dict(namespace or {})
+    ns["__name__"] = module_name
+    with _skeleton_lock:
+        serial = next(_skeleton_counter)
+    src = f"def {name}({', '.join(names)}):\n    pass\n"
+    code = compile(src, f"<qd_numba task skeleton {name}#{serial}>", "exec")
+    exec(code, ns)
+    return ns[name]
+
+
+def make_task_ir(
+    arg_names: Sequence[str],
+    *,
+    name: str = "task",
+    module_name: str = _DEFAULT_TASK_MODULE,
+    namespace: dict[str, Any] | None = None,
+    modules: CudaIRModules | None = None,
+) -> Any:
+    """FunctionIR of a skeleton task ``def <name>(<arg_names>): pass`` (numba-cuda IR by default).
+
+    The entry block binds every argument (``ir.Arg``) then returns ``None``; an offload pass inserts
+    its statements before the return.  Pass ``modules`` to build the IR with another IR flavour
+    (any object with a ``run_frontend``)."""
+    fn = make_task_function(arg_names, name=name, module_name=module_name, namespace=namespace)
+    m = modules if modules is not None else cuda_ir_modules()
+    return m.run_frontend(fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel parameter layout
+
+
+_PTR_SLOT = ("ptr", 8, "Q")
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One kernel ``.param`` produced by flattening a Numba argument.
+
+    ``path`` names the member inside the argument (``("data",)``, ``("shape", 1)``, ``(0,)`` for a
+    tuple element, ``()`` for a scalar).  ``kind`` is ``"int"``, ``"uint"``, ``"float"`` or ``"ptr"``;
+    ``fmt`` is the :mod:`struct` code to pack the value; ``offset`` is its byte offset in the
+    kernel's parameter buffer (natural alignment, as ptxas lays out ``.param`` space)."""
+
+    index: int
+    arg_index: int
+    arg_name: str
+    path: tuple[Any, ...]
+    numba_type: str
+    llvm_type: str
+    kind: str
+    size: int
+    fmt: str
+    offset: int
+
+
+def _leaf_info(llty: Any, fe_type: Any) -> tuple[str, int, str]:
+    from llvmlite import ir as llir
+    from numba.core import types
+
+    if isinstance(llty, llir.PointerType):
+        return _PTR_SLOT
+    if isinstance(llty, llir.IntType):
+        width = llty.width
+        size = max(1, width // 8)
+        signed = True
+        if isinstance(fe_type, types.Boolean) or width == 1:
+            signed = False
+        elif isinstance(fe_type, types.Integer):
+            signed = fe_type.signed
+        elif isinstance(fe_type, (types.RawPointer, types.CPointer, types.MemInfoPointer)):
+            return ("ptr", size, "Q")
+        codes = {1: "b", 2: "h", 4: "i", 8: "q"}
+        code = codes[size]
+        return ("int" if signed else "uint", size, code if signed else code.upper())
+    if isinstance(llty, llir.HalfType):
+        return ("float", 2, "e")
+    if isinstance(llty, llir.FloatType):
+        return ("float", 4, "f")
+    if isinstance(llty, llir.DoubleType):
+        return ("float", 8, "d")
+    raise TypeError(f"unsupported kernel parameter LLVM type {llty} (Numba type {fe_type})")
+
+
+def _flatten_model(
+    model: Any, argty: Any, path: tuple[Any, ...]
+) -> Iterator[tuple[tuple[Any, ...], Any, Any]]:
+    """Yield (path, llvm type, numba type) for each primitive param of one data model."""
+    if isinstance(argty, (tuple, list)):
+        if len(argty) == 0:
+            return
+        fields: Sequence[Any] | None = None
+        submodels: Sequence[Any] | None = None
+        if hasattr(model, "_fields") and hasattr(model, "_models") and len(model._models) == len(argty):
+            fields, submodels = model._fields, model._models
+        elif hasattr(model, "_elem_model") and getattr(model, "_count", None) == len(argty):
+            fields, submodels = range(len(argty)), [model._elem_model] * len(argty)
+        elif hasattr(model, "_proxied_model"):
+            yield from _flatten_model(model._proxied_model, argty, path)
+            return
+        if submodels is None:
+            for i, sub in enumerate(argty):
+                yield from _flatten_model(None, sub, path + (i,))
+            return
+        for name, sub_model, sub in zip(fields, submodels, argty, strict=True):
+            yield from _flatten_model(sub_model, sub, path + (name,))
+        return
+    yield path, argty, getattr(model, "fe_type", None)
+
+
+def _param_layout(target_context: Any, argtypes: Sequence[Any], arg_names: Sequence[str]) -> list[ParamSlot]:
+    dmm = target_context.data_model_manager
+    slots: list[ParamSlot] = []
+    offset = 0
+    for ai, (ty, aname) in enumerate(zip(argtypes, arg_names, strict=True)):
+        model = dmm.lookup(ty)
+        for path, llty, fe in _flatten_model(model, model.get_argument_type(), ()):
+            kind, size, fmt = _leaf_info(llty, fe)
+            offset = (offset + size - 1) // size * size
+            slots.append(
+                ParamSlot(
+                    index=len(slots),
+                    arg_index=ai,
+                    arg_name=aname,
+                    path=path,
+                    numba_type=str(fe if fe is not None else ty),
+                    llvm_type=str(llty),
+                    kind=kind,
+                    size=size,
+                    fmt=fmt,
+                    offset=offset,
+                )
+            )
+            offset += size
+    return slots
+
+
+def array_param_values(
+    data_ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int
+) -> list[int]:
+    """The 5+2N values of a Numba array argument, in slot order:
+    ``meminfo(0), parent(0), nitems, itemsize, data, *shape, *strides`` (strides in bytes)."""
+    nitems = 1
+    for s in shape:
+        nitems *= int(s)
+    return [0, 0, nitems, int(itemsize), int(data_ptr), *map(int, shape), *map(int, strides)]
+
+
+def pack_params(layout: Sequence[ParamSlot], values: Sequence[Any]) -> tuple[Any, int]:
+    """Pack one value per slot into ctypes cells plus a ``void*[]`` for ``cuLaunchKernel``.
+
+    Returns ``(keepalive, argv_address)``; keep ``keepalive`` referenced until the launch returns
+    (the driver copies parameter values at launch, so cells may be updated in place afterwards)."""
+    import ctypes
+
+    if len(values) != len(layout):
+        raise ValueError(f"{len(layout)} kernel params, {len(values)} values")
+    ctype_of = {
+        "b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
+        "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": ctypes.c_uint64,
+        "f": ctypes.c_float, "d": ctypes.c_double, "e": ctypes.c_uint16,
+    }  # fmt: skip
+    cells = []
+    for slot, v in zip(layout, values, strict=True):
+        if slot.fmt == "e":
+            v = struct.unpack("<H", struct.pack("<e", v))[0]
+        cells.append(ctype_of[slot.fmt](v))
+    argv = (ctypes.c_void_p * max(1, len(cells)))(*[ctypes.addressof(c) for c in cells])
+    return (cells, argv), ctypes.addressof(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# cubin inspection (a minimal ELF64 reader)
+
+
+def _elf_sections(blob: bytes) -> list[tuple[str, int, int, int, int, int]]:
+    """(name, type, offset, size, link, info) of each section of an ELF64 little-endian image."""
+    if blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
+        raise ValueError("not an ELF64 little-endian image")
+    e_shoff = struct.unpack_from("<Q", blob, 0x28)[0]
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    raw = []
+    for i in range(e_shnum):
+        off = e_shoff + i * e_shentsize
+        sh_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, sh_info = struct.unpack_from(
+            "<IIQQQQII", blob, off
+        )
+        raw.append((sh_name, sh_type, sh_offset, sh_size, sh_link, sh_info))
+    strtab_off = raw[e_shstrndx][2]
+
+    def cstr(base: int, idx: int) -> str:
+        end = blob.index(b"\0", base + idx)
+        return blob[base + idx : end].decode("ascii", "replace")
+
+    return [(cstr(strtab_off, r[0]), *r[1:]) for r in raw]
+
+
+def _elf_symtab(cubin: bytes) -> list[tuple[str, int]]:
+    """(name, st_info) of each ``.symtab`` entry of a cubin, indexed by symbol index."""
+    secs = _elf_sections(cubin)
+    out: list[tuple[str, int]] = []
+    for _name, typ, off, size, link, _info in secs:
+        if typ != 2:  # SHT_SYMTAB
+            continue
+        stroff = secs[link][2]
+        for k in range(size // 24):
+            st_name, st_info = struct.unpack_from("<IB", cubin, off + 24 * k)
+            end = cubin.index(b"\0", stroff + st_name)
+            out.append((cubin[stroff + st_name : end].decode("ascii", "replace"), st_info))
+    return out
+
+
+def cubin_symbols(cubin: bytes) -> dict[str, int]:
+    """Names of the symbols of a cubin's ``.symtab``, mapped to their ``st_info`` byte
+    (``st_info & 0xF == 2`` is STT_FUNC, ``st_info >> 4 == 1`` is STB_GLOBAL)."""
+    return {name: info for name, info in _elf_symtab(cubin) if name}
+
+
+def _nv_info_records(cubin: bytes, section: str) -> Iterator[tuple[int, int, bytes]]:
+    """(format, attribute, payload) records of an ``.nv.info*`` section (EIFMT_SVAL carries a
+    2-byte size and a payload; the other formats carry a 2-byte value, returned as payload)."""
+    for name, _t, off, size, _l, _i in _elf_sections(cubin):
+        if name != section:
+            continue
+        pos, end = off, off + size
+        while pos + 4 <= end:
+            fmt, attr = cubin[pos], cubin[pos + 1]
+            if fmt == 0x04:  # EIFMT_SVAL
+                n = struct.unpack_from("<H", cubin, pos + 2)[0]
+                yield fmt, attr, cubin[pos + 4 : pos + 4 + n]
+                pos += 4 + n
+            else:
+                yield fmt, attr, cubin[pos + 2 : pos + 4]
+                pos += 4
+
+
+def _cubin_nregs(cubin: bytes, entry: str) -> int | None:
+    """Registers per thread of ``entry``: the EIATTR_REGCOUNT (0x2f) record of ``.nv.info``,
+    keyed by the entry's symbol index (what cuobjdump reports as REG)."""
+    try:
+        names = [n for n, _ in _elf_symtab(cubin)]
+        if entry not in names:
+            return None
+        sym = names.index(entry)
+        for fmt, attr, payload in _nv_info_records(cubin, ".nv.info"):
+            if fmt == 0x04 and attr == 0x2F and len(payload) >= 8:
+                idx, value = struct.unpack_from("<II", payload)
+                if idx == sym:
+                    return value
+    except (ValueError, struct.error, IndexError):
+        return None
+    return None
+
+
+def _cubin_kparams(cubin: bytes, entry: str) -> list[tuple[int, int, int]] | None:
+    """(ordinal, offset, size) of each kernel parameter from the EIATTR_KPARAM_INFO (0x17)
+    records of ``.nv.info.<entry>``, sorted by ordinal; None when the cubin cannot be read."""
+    try:
+        params = []
+        for fmt, attr, payload in _nv_info_records(cubin, f".nv.info.{entry}"):
+            if fmt == 0x04 and attr == 0x17 and len(payload) >= 12:
+                _index, ordinal, poff, flags = struct.unpack_from("<IHHI", payload)
+                params.append((ordinal, poff, (flags >> 18) & 0x3FFF))
+    except (ValueError, struct.error, IndexError):
+        return None
+    return sorted(params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Codegen helpers for intrinsics lowered by numba-cuda
+
+
+def is_cuda_context(context: Any) -> bool:
+    """True when ``context`` (an intrinsic's target context) is numba-cuda's, so one intrinsic
+    registered with plain ``numba.extending`` can emit CUDA-specific code."""
+    mod = type(context).__module__
+    return mod.startswith("numba.cuda.") or mod.startswith("numba_cuda.")
+
+
+_ATOMIC_OPS = ("add", "sub", "max", "min")
+
+
+def cuda_atomic_rmw(builder: Any, op: str, ptr: Any, val: Any, *, signed: bool = True) -> Any:
+    """Emit an atomic read-modify-write that libNVVM accepts; returns the old value.
+
+    libNVVM (IR 2.0, an LLVM 7 era parser) rejects ``atomicrmw fadd``/``fmax`` and float
+    ``xchg``; integers use ``atomicrmw`` (relaxed, ``monotonic``), floats use the
+    ``llvm.nvvm.atomic.load.add.f32/f64`` intrinsics (sub = add of the negation) and numba-cuda's
+    ``___numba_atomic_{float,double}_{max,min}`` helpers (defined by numba-cuda's NVVM step, so
+    they only link inside numba-cuda-lowered modules).  ``ptr`` is a generic-address-space
+    pointer to the element; ``op`` is one of add, sub, max, min."""
+    from llvmlite import ir as llir
+    from numba.cuda import nvvmutils
+
+    if op not in _ATOMIC_OPS:
+        raise ValueError(f"unsupported atomic op {op!r}; expected one of {_ATOMIC_OPS}")
+    ty = val.type
+    if isinstance(ty, llir.IntType):
+        llop = {
+            "add": "add",
+            "sub": "sub",
+            "max": "max" if signed else "umax",
+            "min": "min" if signed else "umin",
+        }
+        return builder.atomic_rmw(llop[op], ptr, val, "monotonic")
+    if isinstance(ty, (llir.FloatType, llir.DoubleType)):
+        f32 = isinstance(ty, llir.FloatType)
+        mod = builder.module
+        if op in ("add", "sub"):
+            if op == "sub":  # fsub -0.0, x: libNVVM's parser predates the fneg instruction
+                val = builder.fsub(llir.Constant(ty, -0.0), val)
+            fn = nvvmutils.declare_atomic_add_float32(mod) if f32 else _declare_atomic_add_f64(mod)
+        elif op == "max":
+            fn = (
+                nvvmutils.declare_atomic_max_float32(mod)
+                if f32
+                else nvvmutils.declare_atomic_max_float64(mod)
+            )
+        else:
+            fn = (
+                nvvmutils.declare_atomic_min_float32(mod)
+                if f32
+                else nvvmutils.declare_atomic_min_float64(mod)
+            )
+        return builder.call(fn, (ptr, val))
+    raise TypeError(f"atomic {op} on LLVM type {ty} is not supported")
+
+
+def _declare_atomic_add_f64(mod: Any) -> Any:
+    # nvvmutils.declare_atomic_add_float64 reads the cc from numba-cuda's config stack (which is
+    # only set while numba-cuda lowers); every cc we target (>= 7.0) has the native instruction.
+    from llvmlite import ir as llir
+    from numba.cuda import cgutils as cuda_cgutils
+
+    dbl = llir.DoubleType()
+    fnty = llir.FunctionType(dbl, (dbl.as_pointer(), dbl))
+    return cuda_cgutils.get_or_insert_function(mod, fnty, "llvm.nvvm.atomic.load.add.f64.p0f64")
+
+
+_UFUNC_MATH = {"sqrt": "sqrt", "exp": "exp", "expm1": "expm1", "log1p": "log1p", "fabs": "fabs"}
+_ufunc_lock = threading.Lock()
+
+
+def install_cuda_ufunc_math_fallbacks() -> list[str]:
+    """Teach numba-cuda to lower scalar ``np.sqrt/exp/expm1/log1p/fabs`` on the device.
+
+    numba-cuda 0.30.4 types every NumPy ufunc but its CUDA ufunc table
+    (``numba.cuda.ufuncs.ufunc_db()``) holds only 44 of them, so ``np.sqrt(x)`` in device code (an
+    ``@numba.njit`` callee, say) fails in lowering with ``KeyError: <ufunc 'sqrt'>``; the CPU table
+    (``numba.cuda.np.ufunc_db``) does not fit NVVM either.  This adds float32/float64 loops that
+    reuse numba-cuda's ``math.*`` lowering (libdevice).  Only missing entries are added;
+    idempotent; returns the names added."""
+    import math
+
+    import numpy as np
+    from numba.cuda import ufuncs
+    from numba.cuda.mathimpl import get_unary_impl_for_fn_and_ty
+
+    def make(fn: Any) -> Callable[..., Any]:
+        def impl(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            return get_unary_impl_for_fn_and_ty(fn, sig.args[0])(context, builder, sig, args)
+
+        return impl
+
+    added = []
+    with _ufunc_lock:
+        db = ufuncs.ufunc_db()
+        for np_name, math_name in _UFUNC_MATH.items():
+            uf = getattr(np, np_name)
+            if uf in db:
+                continue
+            impl = make(getattr(math, math_name))
+            db[uf] = {"f->f": impl, "d->d": impl}
+            added.append(np_name)
+    return added
+
+
+# ---------------------------------------------------------------------------------------------
+# The offline-device patch
+
+
+class _OfflineDevice:
+    """Stands in for ``numba.cuda``'s Device when no driver exists (compile only)."""
+
+    id = 0
+    name = b"qd_numba offline compile device"
+    uuid = "offline"
+
+    def __init__(self, cc: tuple[int, ...]):
+        self.compute_capability = tuple(cc[:2])
+
+    def __repr__(self) -> str:
+        return f"<qd_numba offline device cc={self.compute_capability}>"
+
+
+_offline = threading.local()
+_patch_lock = threading.Lock()
+_patch_installed = False
+
+
+def _install_offline_device_patch() -> None:
+    """Wrap ``numba.cuda.dispatcher.get_current_device`` once (only called when no driver)."""
+    global _patch_installed
+    if _patch_installed:
+        return
+    with _patch_lock:
+        if _patch_installed:
+            return
+        import numba.cuda.dispatcher as cuda_dispatcher
+
+        original = cuda_dispatcher.get_current_device
+
+        @functools.wraps(original)
+        def get_current_device() -> Any:
+            cc = getattr(_offline, "cc", None)
+            if cc is not None:
+                return _OfflineDevice(cc)
+            return original()
+
+        get_current_device.__qd_numba_original__ = original  # type: ignore[attr-defined]
+        cuda_dispatcher.get_current_device = get_current_device
+        _patch_installed = True
+
+
+@contextlib.contextmanager
+def _offline_device(cc: tuple[int, ...]) -> Iterator[None]:
+    if cuda_available():
+        yield
+        return
+    _install_offline_device_patch()
+    previous = getattr(_offline, "cc", None)
+    _offline.cc = tuple(cc)
+    try:
+        yield
+    finally:
+        _offline.cc = previous
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation
+
+
+@dataclass
+class CompiledCudaTask:
+    """A compiled task: a cubin holding one ``__global__`` entry plus its parameter layout."""
+
+    cubin: bytes
+    entry_name: str
+    param_layout: list[ParamSlot]
+    ptx: str | None
+    nregs: int | None
+    cc: tuple[Any, ...]
+    argtypes: tuple[Any, ...]
+    compile_seconds: float
+    linker_log: str = ""
+    kparams: list[tuple[int, int, int]] | None = field(default=None, repr=False)
+
+    @property
+    def param_buffer_size(self) -> int:
+        """Bytes of the packed ``.param`` buffer (the last slot's end, 8-aligned)."""
+        if not self.param_layout:
+            return 0
+        last = self.param_layout[-1]
+        return (last.offset + last.size + 7) // 8 * 8
+
+
+def _normalise_cc(cc: Sequence[Any]) -> tuple[Any, ...]:
+    if len(cc) == 2:
+        return (int(cc[0]), int(cc[1]))
+    if len(cc) == 3:
+        return (int(cc[0]), int(cc[1]), str(cc[2]))
+    raise ValueError(f"compute capability must be (major, minor) or (major, minor, suffix): {cc!r}")
+
+
+def compile_task_to_cubin(
+    func_ir: Any,
+    argtypes: Sequence[Any],
+    *,
+    cc: Sequence[Any] = (9, 0),
+    fastmath: bool = False,
+    debug: bool = False,
+    lineinfo: bool = False,
+    max_registers: int | None = None,
+    opt: bool = True,
+    launch_bounds: int | tuple[int, ...] | None = None,
+    keep_ptx: bool = True,
+) -> CompiledCudaTask:
+    """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU.
+
+    ``func_ir`` must come from numba-cuda's frontend (``cuda_ir_modules().run_frontend`` or
+    :func:`make_task_ir`), possibly rewritten; it is consumed (Numba's passes mutate it; pass
+    ``func_ir.copy()`` to keep the original).  ``argtypes`` are Numba types, one per IR argument.
+    The kernel returns nothing.  ``launch_bounds`` is numba-cuda's ``(max_threads[, min_blocks
+    [, max_cluster]])``.  Thread-safe: runs under Numba's and numba-cuda's global compiler lock."""
+    from numba.core import types as core_types
+    from numba.cuda import compiler as cc_mod
+    from numba.cuda import utils as cuda_utils
+    from numba.cuda.core.callconv import CUDACallConv
+    from numba.cuda.core.compiler_lock import global_compiler_lock
+    from numba.cuda.cudadrv import nvvm
+    from numba.cuda.descriptor import cuda_target
+    from numba.cuda.flags import CUDAFlags
+
+    ccn = _normalise_cc(cc)
+    argtypes = tuple(argtypes)
+    for t in argtypes:
+        if not isinstance(t, core_types.Type):
+            raise TypeError(f"argtypes must be Numba types, got {t!r}")
+    ir_mod = cuda_ir_modules().ir
+    if not isinstance(func_ir, ir_mod.FunctionIR):
+        raise TypeError(
+            f"func_ir must be a numba.cuda.core.ir.FunctionIR (numba-cuda's frontend), got {type(func_ir)!r}"
+        )
+    if func_ir.arg_count != len(argtypes):
+        raise TypeError(f"FunctionIR takes {func_ir.arg_count} arguments, {len(argtypes)} types given")
+
+    flags = CUDAFlags()
+    flags.no_compile = True
+    flags.no_cpython_wrapper = True
+    flags.no_cfunc_wrapper = True
+    flags.inline = "never"
+    if debug or lineinfo:
+        flags.debuginfo = True
+    if lineinfo:
+        flags.dbg_directives_only = True
+    if debug:
+        flags.error_model = "python"
+        flags.dbg_extend_lifetimes = True
+    else:
+        flags.error_model = "numpy"
+    if fastmath:
+        flags.fastmath = True
+    nvvm_options: dict[str, Any] = {"fastmath": fastmath, "opt": 3 if opt else 0}
+    if debug:
+        nvvm_options["g"] = None
+    flags.nvvm_options = nvvm_options
+    flags.compute_capability = ccn
+    flags.max_registers = max_registers
+    flags.lto = False
+
+    arg_names = list(func_ir.arg_names)
+    with global_compiler_lock:
+        t0 = time.perf_counter()
+        with _offline_device(ccn), cuda_utils.numba_target_override():
+            tctx = cuda_target.typing_context
+            gctx = cuda_target.target_context
+            pipeline = cc_mod.CUDACompiler(
+                tctx, gctx, None, argtypes, core_types.void, flags, {}, CUDACallConv(gctx), {}
+            )
+            cres = pipeline.compile_ir(func_ir=func_ir)
+            lib = cres.library
+            lib.finalize()
+            entry = cres.fndesc.llvm_func_name
+            kernel = lib.get_function(entry)
+            lib._entry_name = entry
+            cc_mod.kernel_fixup(kernel, debug)
+            nvvm.set_launch_bounds(kernel, launch_bounds)
+            if lib.use_cooperative:
+                lib.needs_cudadevrt = True
+            ptx = lib.get_asm_str(cc=ccn)
+            _link_helpers(lib, cres.target_context, ptx)
+            obj = lib.get_cubin(cc=ccn)
+            cubin = bytes(obj.code) if hasattr(obj, "code") else bytes(obj)
+            try:
+                log = lib.get_linkerinfo(ccn) or ""
+            except KeyError:
+                log = ""
+            layout = _param_layout(gctx, argtypes, arg_names)
+            if len(layout) != len(kernel.args):
+                raise AssertionError(
+                    f"param layout has {len(layout)} slots but the kernel has {len(kernel.args)} params"
+                )
+        seconds = time.perf_counter() - t0
+    return CompiledCudaTask(
+        cubin=cubin,
+        entry_name=kernel.name,
+        param_layout=layout,
+        ptx=ptx if keep_ptx else None,
+        nregs=_cubin_nregs(cubin, kernel.name),
+        cc=ccn,
+        argtypes=argtypes,
+        compile_seconds=seconds,
+        linker_log=log if isinstance(log, str) else str(log),
+        kparams=_cubin_kparams(cubin, kernel.name),
+    )
+
+
+_NRT_EXTERN = re.compile(r"\.extern\s+\.func\s+(?:\s*\(.+\)\s*)?(NRT_\w+)\s*\([^)]*\)\s*;")
+
+
+def _link_helpers(lib: Any, target_context: Any, ptx: str) -> None:
+    """Add what ``numba.cuda.dispatcher._Kernel`` links beside the kernel: the reshape helpers
+    (``reshape_funcs.cu``) when referenced, and the NRT library when NRT is on and used."""
+    from numba.cuda import dispatcher as cuda_dispatcher
+
+    if any(fn in ptx for fn in cuda_dispatcher.reshape_funcs):
+        lib.add_linking_file(os.path.join(os.path.dirname(cuda_dispatcher.__file__), "reshape_funcs.cu"))
+    if getattr(target_context, "enable_nrt", False) and _NRT_EXTERN.search(ptx):
+        from numba.cuda.memory_management.nrt import NRT_LIBRARY
+
+        lib.add_linking_file(NRT_LIBRARY)

@@ -1,0 +1,35 @@
+"""The Task: one offloaded unit of a kernel (a parallel range-for, or serial code).
+
+Tasks are what the rest of the system talks about — introspection, fusion, the targets.
+A task's ``uid`` is derived from (kernel qualified name, task index) only, so it is the
+same in every process and can key on-disk caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    index: int
+    kind: str                       # "range_for" | "serial"
+    name: str                       # e.g. "mymod.step.t1_range_for"
+    uid: str                        # content-stable id (hex)
+    bounds: str = ""                # range_for: the iteration space as written, e.g. "ndrange(n, (1, 9))"
+    ndim: int = 0                   # range_for: dimensions of the iteration space
+    loc: str = ""                   # file:line of the loop (or of the first serial statement)
+    serialize: bool = False         # qd.loop_config(serialize=True): run on one thread
+    header: int | None = None       # range_for: loop header label in the kernel IR
+    body: frozenset = frozenset()   # labels of the blocks the task owns in the kernel IR
+
+    @staticmethod
+    def make(kernel_qualname: str, index: int, kind: str, **fields) -> Task:
+        name = f"{kernel_qualname}.t{index}_{kind}"
+        uid = hashlib.sha256(f"{kernel_qualname}\0{index}".encode()).hexdigest()[:16]
+        return Task(index=index, kind=kind, name=name, uid=uid, **fields)
+
+    def describe(self) -> str:
+        extra = f" over {self.bounds}" if self.kind == "range_for" else ""
+        return f"task {self.index} [{self.kind}]{extra} at {self.loc}"

@@ -1,0 +1,56 @@
+"""The Numba type of fields and of ndarrays with vector/matrix elements.
+
+``FieldType`` wraps the Numba array type of the buffer (``shape + element_shape``) and
+remembers how many leading dimensions index *elements* (``ndim``) and the element type
+(``None`` for scalars, a vector/matrix type otherwise). Indexing a ``FieldType`` with
+``ndim`` indices yields a scalar or a vector/matrix value; see lowering/field.py.
+
+Values of this type reach compiled code only as kernel arguments (fields as hidden
+arguments): the launcher passes the numpy buffer and :func:`_unbox_field` wraps it, at no
+cost beyond unboxing the array. ``checked`` types bounds-check every access (``debug=True``).
+"""
+
+from __future__ import annotations
+
+from numba.core import cgutils, types
+from numba.extending import NativeValue, models, register_model, unbox
+
+from ..field import element_shape
+
+
+class FieldType(types.Type):
+    def __init__(self, dtype, ndim: int, elem_type=None, layout: str = "C", readonly: bool = False,
+                 checked: bool = False, kind: str = "field"):
+        self.dtype = dtype
+        self.ndim = ndim
+        self.elem_type = elem_type
+        self.elem_shape = element_shape(elem_type)
+        self.layout = layout
+        self.readonly = readonly
+        self.checked = checked
+        self.kind = kind
+        self.array_type = types.Array(dtype, ndim + len(self.elem_shape), layout, readonly=readonly)
+        elem = f", elem={elem_type}" if elem_type is not None else ""
+        super().__init__(
+            name=f"qd.{kind}({dtype}, ndim={ndim}{elem}, {layout}{', readonly' if readonly else ''}"
+            f"{', checked' if checked else ''})"
+        )
+
+    @property
+    def key(self):
+        return (self.dtype, self.ndim, self.elem_type, self.layout, self.readonly, self.checked, self.kind)
+
+
+@register_model(FieldType)
+class FieldModel(models.StructModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, [("arr", fe_type.array_type)])
+
+
+@unbox(FieldType)
+def _unbox_field(typ, obj, c):
+    """The launcher passes the numpy buffer itself; wrap it without copying."""
+    native = c.unbox(typ.array_type, obj)
+    field = cgutils.create_struct_proxy(typ)(c.context, c.builder)
+    field.arr = native.value
+    return NativeValue(field._getvalue(), is_error=native.is_error, cleanup=native.cleanup)

@@ -103,8 +103,9 @@ def casts(v, x):
 def test_cast():
     v = RNG.uniform(-5, 5, size=3).astype(np.float32)
     x = RNG.uniform(-5, 5)
-    for a, b, c, d in (casts(as_obj(v), x),
-                       (qm.cast(as_obj(v), qd.i32), qm.cast(as_obj(v), qd.f64), qm.cast(x, qd.f32), qm.cast(x, qd.i32))):
+    python_scope = (qm.cast(as_obj(v), qd.i32), qm.cast(as_obj(v), qd.f64), qm.cast(x, qd.f32),
+                    qm.cast(x, qd.i32))
+    for a, b, c, d in (casts(as_obj(v), x), python_scope):
         assert a.dtype == qd.i32 and b.dtype == qd.f64
         np.testing.assert_array_equal(a.to_numpy(), v.astype(np.int32))
         np.testing.assert_array_equal(b.to_numpy(), v.astype(np.float64))

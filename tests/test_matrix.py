@@ -97,7 +97,8 @@ def reference(sym, a, b, dtype):
 
 
 # every dtype on vectors; matrices (same code path, other shape) in f32 only: compile time
-@pytest.mark.parametrize(("dtype", "shape"), [(qd.f32, (3,)), (qd.f64, (3,)), (qd.i32, (3,)), (qd.f32, (2, 3))],
+@pytest.mark.parametrize(("dtype", "shape"),
+                         [(qd.f32, (3,)), (qd.f64, (3,)), (qd.i32, (3,)), (qd.f32, (2, 3))],
                          ids=["vec3-f32", "vec3-f64", "vec3-i32", "mat2x3-f32"])
 @pytest.mark.parametrize("sym", list(BINOPS))
 def test_binop_matrix_matrix(sym, dtype, shape):
@@ -111,8 +112,9 @@ def test_binop_matrix_matrix(sym, dtype, shape):
 def test_binop_broadcast_scalar(sym, dtype):
     a, b = operands(sym, dtype, (4,))
     s = b[0]  # a numpy scalar of the same dtype
-    check(JIT_BINOP[sym](wrap(a), s), reference(sym, a, np.full_like(a, s), dtype), expected_dtype(sym, dtype))
-    check(JIT_BINOP[sym](s, wrap(a)), reference(sym, np.full_like(a, s), a, dtype), expected_dtype(sym, dtype))
+    rt = expected_dtype(sym, dtype)
+    check(JIT_BINOP[sym](wrap(a), s), reference(sym, a, np.full_like(a, s), dtype), rt)
+    check(JIT_BINOP[sym](s, wrap(a)), reference(sym, np.full_like(a, s), a, dtype), rt)
 
 
 def test_broadcast_dtype_rules():
@@ -301,7 +303,8 @@ def test_tuple_intrinsics():
 @numba.njit
 def constructors(a, b, i):
     return (Vector([a, b, 1.5]), Vector([1, 2, 3]), Vector([a, b], dt=qd.f64), Matrix([[a, b], [1, 2]]),
-            vec3(a, b, 1), vec3(2), Vector.zero(qd.i32, 2), Matrix.identity(qd.f32, 3), Matrix.zero(qd.f64, 2, 3),
+            vec3(a, b, 1), vec3(2), Vector.zero(qd.i32, 2), Matrix.identity(qd.f32, 3),
+            Matrix.zero(qd.f64, 2, 3),
             Vector.unit(3, i), mat2(Vector([a, b]), Vector([b, a])), Matrix([1.5, 2.5]))
 
 

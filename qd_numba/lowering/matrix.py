@@ -51,10 +51,8 @@ from ..typing.matrix import (
     binop_result_dtype,
     construct_type,
     default_float,
-    dtype_arg,
-    flat_element_types,
+    getitem_type,
     is_scalar,
-    promote,
     type_call_check,
 )
 
@@ -356,7 +354,7 @@ def matrix_with_item(typingctx, m, idx, val):
     if not isinstance(m, MatrixType):
         raise errors.TypingError(f"matrix_with_item needs a vector or matrix, got {m}")
     item_ty = types.unliteral(val) if not isinstance(val, MatrixType) else val
-    target = _item_type(m, idx)
+    target = getitem_type(m, idx)
     if isinstance(target, MatrixType):
         ok = is_scalar(item_ty) or (isinstance(item_ty, MatrixType) and item_ty.shape == target.shape)
     else:
@@ -382,12 +380,6 @@ def matrix_with_item(typingctx, m, idx, val):
         return _with_items(context, builder, mt, args[0], flat, vals)
 
     return signature(m, m, idx, item_ty), codegen
-
-
-def _item_type(m, idx):
-    from ..typing.matrix import getitem_type
-
-    return getitem_type(m, idx)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,5 +622,4 @@ def _box_matrix(typ, val, c):
 __all__ = [
     "MatrixModel", "elements", "pack", "cast_all", "scalar_binop", "scalar_select", "scalar_sqrt",
     "matrix_from_tuple", "make_vector", "make_matrix", "matrix_to_tuple", "matrix_with_item",
-    "promote", "dtype_arg", "flat_element_types",
 ]

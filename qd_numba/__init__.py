@@ -4,22 +4,87 @@
 """
 
 from . import lowering as _lowering  # noqa: F401  (registers Numba extensions)
+from . import (
+    math,  # noqa: E402  (qd.math namespace)
+    types,  # noqa: E402  (qd.types namespace)
+)
 from .dtypes import (
-    f16, f32, f64, float16, float32, float64, i8, i16, i32, i64, int8, int16, int32, int64, u1, u8, u16,
-    u32, u64, uint8, uint16, uint32, uint64,
+    f16,
+    f32,
+    f64,
+    float16,
+    float32,
+    float64,
+    i8,
+    i16,
+    i32,
+    i64,
+    int8,
+    int16,
+    int32,
+    int64,
+    u1,
+    u8,
+    u16,
+    u32,
+    u64,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
 )
 from .errors import (
-    QuadrantsAssertionError, QuadrantsCompilationError, QuadrantsError, QuadrantsIndexError,
-    QuadrantsNameError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError,
+    QuadrantsAssertionError,
+    QuadrantsCompilationError,
+    QuadrantsError,
+    QuadrantsIndexError,
+    QuadrantsNameError,
+    QuadrantsRuntimeError,
+    QuadrantsSyntaxError,
+    QuadrantsTypeError,
 )
 from .field import Field, Ndarray, field, ndarray
 from .kernel import Kernel, QdFunc, Template, func, kernel, template
 from .lang import (
-    atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xor, grouped, loop_config,
-    ndrange, random, static, sync,
+    atomic_add,
+    atomic_and,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_sub,
+    atomic_xor,
+    grouped,
+    loop_config,
+    ndrange,
+    random,
+    static,
+    sync,
 )
+from .math import (
+    abs,
+    acos,
+    asin,
+    atan,
+    atan2,
+    cast,
+    ceil,
+    clamp,
+    cos,
+    exp,
+    floor,
+    log,
+    max,
+    min,
+    pow,
+    round,
+    rsqrt,
+    sin,
+    sqrt,
+    tan,
+    tanh,
+)
+from .matrix import Matrix, Vector
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64
 from .task import Task
-from . import types  # noqa: E402  (qd.types namespace)
 
 __version__ = "0.1.0"

@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 from .dtypes import (  # noqa: F401
-    f16, f32, f64, float16, float32, float64, i8, i16, i32, i64, int8, int16, int32, int64, u1, u8, u16,
-    u32, u64, uint8, uint16, uint32, uint64,
+    f16,
+    f32,
+    f64,
+    float16,
+    float32,
+    float64,
+    i8,
+    i16,
+    i32,
+    i64,
+    int8,
+    int16,
+    int32,
+    int64,
+    u1,
+    u8,
+    u16,
+    u32,
+    u64,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
 )
 from .kernel import NDArray, NdarraySpec, Template
 from .matrix import matrix, vector  # noqa: F401

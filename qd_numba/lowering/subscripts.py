@@ -14,12 +14,17 @@ from .. import config
 from ..typing.field import FieldType
 from .field import element_atomic, element_store
 
-__all__ = ["element_atomic", "nested_atomic", "subscript_store", "write_back", "apply_op",
+__all__ = ["element_atomic", "atomic_update", "nested_atomic", "subscript_store", "write_back", "apply_op",
            "true_divide", "as_index_tuple"]
 
 
 def _compiled_only(*args):
     raise NotImplementedError("compiled code only")
+
+
+def atomic_update(base, index, value, op):
+    """Atomic ``base[index] op= value``; returns the old value. ``index`` may be a vector."""
+    _compiled_only()
 
 
 def nested_atomic(base, outer_index, inner_index, value, op):
@@ -85,6 +90,26 @@ def _as_index_tuple(i):
         from .matrix import matrix_to_tuple
         return lambda i: matrix_to_tuple(i)
     return None
+
+
+@overload(atomic_update)
+def _atomic_update(base, index, value, op):
+    if not _is_data(base):
+        return None
+    if _is_matrix(value) and _layout_has_elements(base):
+        from .matrix import matrix_to_tuple
+
+        def impl_vec(base, index, value, op):
+            return element_atomic(base, as_index_tuple(index), matrix_to_tuple(value), op)
+        return impl_vec
+
+    def impl(base, index, value, op):
+        return element_atomic(base, as_index_tuple(index), value, op)
+    return impl
+
+
+def _layout_has_elements(ty):
+    return isinstance(ty, FieldType) and bool(ty.elem_shape)
 
 
 @overload(nested_atomic)

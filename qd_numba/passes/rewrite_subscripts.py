@@ -3,9 +3,9 @@
 Rewrites, per statement pattern (global data = a field or an ndarray argument):
 
 ==========================================  =============================================
-``G[I] op= V`` (op in + - & | ^)            ``element_atomic(G, I, V, op)``: atomic RMW
+``G[I] op= V`` (op in + - & | ^)            ``atomic_update(G, I, V, op)``: atomic RMW
 ``G[I][J] op= V`` (vector field component)  ``nested_atomic(G, I, J, V, op)``
-``qd.atomic_<op>(G[I], V)``                 ``element_atomic(G, I, V, op)``: returns old
+``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
 ``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
 ``L[I] = V`` (local vector/matrix)          ``L = subscript_store(L, I, V)``: value update
 ``G[I][J] = V``                             ``T = G[I]; T[J] = V; G[I] = T`` (value types)
@@ -112,7 +112,7 @@ class RewriteSubscripts:
                 op_var, op_stmt = self._const(state, block, _AUG_OPS[vdef.fn], loc)
                 tmp = block.scope.redefine("$qd_old", loc)
                 if is_global_data(state, target):
-                    return pre + [op_stmt] + self._call(state, block, impl.element_atomic,
+                    return pre + [op_stmt] + self._call(state, block, impl.atomic_update,
                                                         [target, index, vdef.rhs, op_var], tmp, loc)
                 outer = _subscript(state, target)
                 if outer is not None and is_global_data(state, outer[0]):
@@ -147,7 +147,7 @@ class RewriteSubscripts:
                 base, idx_var, const_idx = sub
                 index, pre = self._index_var(state, block, idx_var, const_idx, loc)
                 if is_global_data(state, base):
-                    return pre + [op_stmt] + self._call(state, block, impl.element_atomic,
+                    return pre + [op_stmt] + self._call(state, block, impl.atomic_update,
                                                         [base, index, value, op_var], stmt.target, loc)
                 outer = _subscript(state, base)
                 if outer is not None and is_global_data(state, outer[0]):

@@ -21,9 +21,9 @@ import threading
 
 from llvmlite import ir as llir
 from numba.core import cgutils, compiler, types
+from numba.core.imputils import lower_constant
 from numba.core.registry import cpu_target
 from numba.core.typing.typeof import typeof_impl
-from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import exec_stub

@@ -10,7 +10,7 @@ import sys
 
 import qd_numba as qd
 
-SAMPLES = 20_000_000
+SAMPLES = 4_000_000
 
 qd.init(arch=qd.cpu, random_seed=42)
 

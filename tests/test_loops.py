@@ -5,6 +5,7 @@ import pytest
 
 import qd_numba as qd
 
+STATIC_BUG = "bug: qd.static inside a parallel loop body -> NameError '$..load_attr'"
 N = 13
 f1 = qd.field(qd.i32, shape=(N,))
 f2 = qd.field(qd.f64, shape=(5, 6))
@@ -38,14 +39,14 @@ def nd_loops(out: qd.types.ndarray(dtype=qd.f64, ndim=2), src: qd.types.ndarray(
              a: qd.i32, b: qd.i32):
     for i, j in qd.ndrange(out.shape[0], (a, b)):
         out[i, j] = src[i, j] * 2.0 + i * 10 + j
-    for I in qd.grouped(qd.ndrange(2, (1, 3))):
-        out[I[0], I[1]] = src[I[0], I[1]] - 1000.0
+    for idx in qd.grouped(qd.ndrange(2, (1, 3))):
+        out[idx[0], idx[1]] = src[idx[0], idx[1]] - 1000.0
 
 
 @qd.kernel
 def grouped_nd_index(out: qd.types.ndarray(dtype=qd.f64, ndim=2)):
-    for I in qd.grouped(out):
-        out[I] = out[I] * 3.0 + I[0] - I[1]
+    for idx in qd.grouped(out):
+        out[idx] = out[idx] * 3.0 + idx[0] - idx[1]
 
 
 @pytest.mark.xfail(strict=True, reason="bug: ndarray indexed with a qd.grouped vector index fails to type")
@@ -75,8 +76,8 @@ def struct_fors():
         f1[i] = f1[i] * 2 - i
     for i, j in f2:
         g2[i, j] = f2[i, j] + i * j
-    for I in qd.grouped(f2):
-        f2[I] = f2[I] * f2[I]
+    for idx in qd.grouped(f2):
+        f2[idx] = f2[idx] * f2[idx]
 
 
 def test_struct_for(rng):
@@ -179,7 +180,7 @@ def static_if_only(out: qd.types.ndarray(dtype=qd.f64, ndim=1), c: qd.f64):
             out[i] = out[i] + c
 
 
-@pytest.mark.xfail(strict=True, reason="bug: qd.static inside a parallel loop body -> NameError '$..load_attr'")
+@pytest.mark.xfail(strict=True, reason=STATIC_BUG)
 def test_static_if_in_loop(rng):
     d = rng.uniform(-1, 1, 6)
     c = float(rng.uniform(1, 2))
@@ -200,7 +201,7 @@ def statics(x: qd.template(), flag: qd.template(), out: qd.types.ndarray(dtype=q
             out[i, 3] = x[i] + 0.5
 
 
-@pytest.mark.xfail(strict=True, reason="bug: qd.static inside a parallel loop body -> NameError '$..load_attr'")
+@pytest.mark.xfail(strict=True, reason=STATIC_BUG)
 def test_static_if_and_unroll(rng):
     x = qd.field(qd.f64, shape=(7,))
     d = rng.uniform(-4, 4, 7)
@@ -227,7 +228,7 @@ def static_tuple_loop(k: qd.f32):
             f[i] = f[i] * k + 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: top-level `for f in qd.static(tuple)` is offloaded instead of unrolled")
+@pytest.mark.xfail(strict=True, reason="bug: top-level `for f in qd.static(tuple)` not unrolled")
 def test_static_loop_over_fields(rng):
     ds = [rng.uniform(-2, 2, 6).astype(np.float32) for _ in range(3)]
     for f, d in zip((fa, fb, fc), ds):

@@ -64,7 +64,8 @@ def main() -> int:
           f"{STEPS - 1} steps {t2 - t1:.3f}s (numpy {t3 - t2:.3f}s)")
     print(f"heat_diffusion: total heat {got.sum():.3f} (numpy {ref.sum():.3f})")
     ok = err < tol
-    print(f"heat_diffusion: max abs error vs numpy = {err:.3e} (tolerance {tol:.0e}): {'OK' if ok else 'FAIL'}")
+    verdict = 'OK' if ok else 'FAIL'
+    print(f"heat_diffusion: max abs error vs numpy = {err:.3e} (tolerance {tol:.0e}): {verdict}")
     return 0 if ok else 1
 
 

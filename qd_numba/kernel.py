@@ -204,7 +204,7 @@ class Kernel:
         """Generate the per-kernel fast path (see the module docstring)."""
         names = [f"a{k}" for k in range(len(self.params))]
         lines = [f"def call({', '.join(names)}):", "    try:"]
-        key_items, runtime = [], []
+        key_items, runtime, scalar_ok = [], [], {}
         for name, p in zip(names, self.params):
             if p.kind == "ndarray":
                 lines.append(f"        if type({name}) is Ndarray: {name} = {name}._arr")
@@ -213,6 +213,9 @@ class Kernel:
             elif p.kind == "template":
                 key_items.append(f"template_key({name})")
             else:
+                # exact-type membership: anything else takes the slow path, which validates
+                scalar_ok[f"ok_{name}"] = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
+                lines.append(f"        if type({name}) not in ok_{name}: raise KeyError")
                 runtime.append(name)
         key = "(" + "".join(f"{k}, " for k in key_items) + ")"
         lines += [f"        inst = instances[{key}]",
@@ -225,7 +228,8 @@ class Kernel:
                   "    except Exception as e:",
                   f"        raise runtime_error(e, ({', '.join(names)}{',' if names else ''})) from None"]
         ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
-              "instances": self._instances, "slow": self._slow_call, "runtime_error": self._runtime_error}
+              "instances": self._instances, "slow": self._slow_call, "runtime_error": self._runtime_error,
+              **scalar_ok}
         exec(compile("\n".join(lines) + "\n", f"<qd_numba call {self.qualname}>", "exec"), ns)
         return ns["call"]
 
@@ -359,6 +363,11 @@ def run_untyped_pipeline(state) -> None:
 
 PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
             "offload", "cpu.build_driver", "numba typing + lowering")
+
+
+_INT_TYPES = frozenset({int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64,
+                        np.uint8, np.uint16, np.uint32, np.uint64})
+_NUMBER_TYPES = _INT_TYPES | {float, np.float16, np.float32, np.float64}
 
 
 def template_key(value):

@@ -94,8 +94,7 @@ def test_list_for_ndarray():
     assert data == [1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("warm", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="bug: once compiled, the fast path lets Numba unbox '1.0' (a str) as a float"))])
+@pytest.mark.parametrize("warm", [False, True])
 def test_string_for_scalar(warm):
     fill = make_fill()
     a = RNG.standard_normal(16).astype(np.float32)
@@ -109,8 +108,7 @@ def test_string_for_scalar(warm):
     np.testing.assert_array_equal(a, before)
 
 
-@pytest.mark.parametrize("warm", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="bug: once compiled, the fast path silently truncates 1.5 to 1 for an int param"))])
+@pytest.mark.parametrize("warm", [False, True])
 def test_float_for_int_param(warm):
     fill_int = make_fill_int()
     a = np.arange(10, dtype=np.int32)

@@ -32,6 +32,7 @@ from .errors import (
 from .field import ArrayData, Ndarray, element_shape
 from .passes.base import CompileState, IRTools, dump_ir
 from .passes.bind_arguments import BindArguments
+from .passes.dead_code import RemoveDeadPure
 from .passes.fold_static import FoldStatic
 from .passes.inline_funcs import InlineFuncs
 from .passes.offload import Offload
@@ -88,7 +89,7 @@ def _param_kind(annotation):
         return "ndarray"
     if annotation is NDArray or annotation is np.ndarray:
         return "ndarray"
-    if isinstance(annotation, types.Number) or isinstance(annotation, types.Boolean) or annotation in (int, float, bool):
+    if isinstance(annotation, (types.Number, types.Boolean)) or annotation in (int, float, bool):
         return "scalar"
     return None
 
@@ -352,12 +353,14 @@ def run_untyped_pipeline(state) -> None:
         changed = run(ResolveGlobals())
         changed |= run(InlineFuncs())
         changed |= run(FoldStatic())
+        changed |= run(RemoveDeadPure())
         if not changed:
             break
     else:
         raise state.error(QuadrantsCompilationError, "compile-time evaluation did not converge")
     run(RewriteSubscripts())
     run(ResolveGlobals())
+    run(RemoveDeadPure())
     run(Offload())
 
 

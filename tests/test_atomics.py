@@ -1,7 +1,6 @@
 """Atomic augmented assignment, qd.atomic_* return values, qd.random."""
 
 import numpy as np
-import pytest
 
 import qd_numba as qd
 
@@ -59,8 +58,6 @@ def compact(v: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dty
     return counter[None]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: qd.atomic_* call in a parallel loop -> NameError '$..load_attr'")
-@pytest.mark.xfail(strict=True, reason="known bug (issue 2 open): fails to compile, see closing note")
 def test_compaction_atomic_add_returns_old(rng):
     v = rng.uniform(-1, 1, 5000).astype(np.float32)
     out = np.full(5000, 99.0, np.float32)
@@ -86,8 +83,6 @@ def atomic_ops(v: qd.types.ndarray(dtype=qd.i32, ndim=1), old: qd.types.ndarray(
         old[i, 6] = qd.atomic_xor(acc[6], v[i])
 
 
-@pytest.mark.xfail(strict=True, reason="bug: qd.atomic_* call in a parallel loop -> NameError '$..load_attr'")
-@pytest.mark.xfail(strict=True, reason="known bug (issue 2 open): fails to compile, see closing note")
 def test_atomic_functions(rng):
     n = 3000
     v = rng.integers(1, 1 << 20, n).astype(np.int32)
@@ -121,8 +116,6 @@ def local_atomic(v: qd.types.ndarray(dtype=qd.i32, ndim=1), out: qd.types.ndarra
         out[i, 1] = s
 
 
-@pytest.mark.xfail(strict=True, reason="bug: qd.atomic_* call in a parallel loop -> NameError '$..load_attr'")
-@pytest.mark.xfail(strict=True, reason="known bug (issue 2 open): fails to compile, see closing note")
 def test_atomic_on_local(rng):
     v = rng.integers(-100, 100, 10).astype(np.int32)
     out = np.zeros((10, 2), np.int32)

@@ -57,11 +57,8 @@ def test_njit_from_kernel(rng):
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
 
 
-FUNC_BUG = "bug: any @qd.func call in a kernel -> NameError: name '<func>' is not defined"
 
 
-@pytest.mark.xfail(strict=True, reason=FUNC_BUG)
-@pytest.mark.xfail(strict=True, reason="known bug (issue 2 open): fails to compile, see closing note")
 def test_funcs_and_njit(rng):
     a = rng.uniform(-2, 2, 15)
     b = rng.uniform(-2, 2, 15)
@@ -83,8 +80,6 @@ def tasks_from_func(k: qd.f32):
     fill_scaled(dst_g, dst_f, k)
 
 
-@pytest.mark.xfail(strict=True, reason=FUNC_BUG)
-@pytest.mark.xfail(strict=True, reason="known bug (issue 2 open): fails to compile, see closing note")
 def test_func_loops_become_tasks(rng):
     d = rng.uniform(-3, 3, 9).astype(np.float32)
     src_f.from_numpy(d)

@@ -1,11 +1,9 @@
 """Loop forms, control flow inside tasks, serial code, qd.static, task splitting."""
 
 import numpy as np
-import pytest
 
 import qd_numba as qd
 
-STATIC_BUG = "bug: qd.static inside a parallel loop body -> NameError '$..load_attr'"
 N = 13
 f1 = qd.field(qd.i32, shape=(N,))
 f2 = qd.field(qd.f64, shape=(5, 6))
@@ -49,7 +47,6 @@ def grouped_nd_index(out: qd.types.ndarray(dtype=qd.f64, ndim=2)):
         out[idx] = out[idx] * 3.0 + idx[0] - idx[1]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: ndarray indexed with a qd.grouped vector index fails to type")
 def test_grouped_ndarray_vector_index(rng):
     a = rng.uniform(-1, 1, (4, 5))
     ref = a * 3 + np.arange(4)[:, None] - np.arange(5)[None, :]
@@ -180,7 +177,6 @@ def static_if_only(out: qd.types.ndarray(dtype=qd.f64, ndim=1), c: qd.f64):
             out[i] = out[i] + c
 
 
-@pytest.mark.xfail(strict=True, reason=STATIC_BUG)
 def test_static_if_in_loop(rng):
     d = rng.uniform(-1, 1, 6)
     c = float(rng.uniform(1, 2))
@@ -201,7 +197,6 @@ def statics(x: qd.template(), flag: qd.template(), out: qd.types.ndarray(dtype=q
             out[i, 3] = x[i] + 0.5
 
 
-@pytest.mark.xfail(strict=True, reason=STATIC_BUG)
 def test_static_if_and_unroll(rng):
     x = qd.field(qd.f64, shape=(7,))
     d = rng.uniform(-4, 4, 7)
@@ -228,7 +223,6 @@ def static_tuple_loop(k: qd.f32):
             f[i] = f[i] * k + 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: top-level `for f in qd.static(tuple)` not unrolled")
 def test_static_loop_over_fields(rng):
     ds = [rng.uniform(-2, 2, 6).astype(np.float32) for _ in range(3)]
     for f, d in zip((fa, fb, fc), ds):

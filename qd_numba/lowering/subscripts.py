@@ -7,6 +7,8 @@ cannot know whether ``L[I] = V`` stores into an array or updates a local vector 
 
 from __future__ import annotations
 
+import operator
+
 from numba.core import types
 from numba.extending import overload
 
@@ -185,3 +187,27 @@ def _true_divide(a, b):
 
 
 _ = element_store  # re-exported for the passes
+
+
+def _int_vector(ty):
+    return _is_matrix(ty) and ty.is_vector and isinstance(ty.dtype, types.Integer)
+
+
+@overload(operator.getitem)
+def _array_getitem_vector(arr, idx):
+    """``a[I]`` for an ndarray and an integer vector index (``for I in qd.grouped(a)``)."""
+    if isinstance(arr, types.Array) and _int_vector(idx) and idx.n == arr.ndim:
+        from .matrix import matrix_to_tuple
+        return lambda arr, idx: arr[matrix_to_tuple(idx)]
+    return None
+
+
+@overload(operator.setitem)
+def _array_setitem_vector(arr, idx, value):
+    if isinstance(arr, types.Array) and _int_vector(idx) and idx.n == arr.ndim:
+        from .matrix import matrix_to_tuple
+
+        def store(arr, idx, value):
+            arr[matrix_to_tuple(idx)] = value
+        return store
+    return None

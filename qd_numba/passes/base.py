@@ -49,6 +49,7 @@ class CompileState:
     tasks: list = dataclasses.field(default_factory=list)
     loops: list = dataclasses.field(default_factory=list)        # offload.OffloadedLoop per range_for task
     dumps: list = dataclasses.field(default_factory=list)
+    inlined_temps: set = dataclasses.field(default_factory=set)  # renamed '$' temporaries of inlined funcs
 
     @property
     def ir(self):
@@ -64,6 +65,11 @@ class CompileState:
         """The single defining expression of ``var`` (None if it has zero or several)."""
         defs = self.func_ir._definitions.get(var.name if hasattr(var, "name") else var, [])
         return defs[0] if len(defs) == 1 else None
+
+    def is_temp(self, var) -> bool:
+        """A compiler temporary (``$...``, also after inlining renamed it), not a user local."""
+        name = var.name if hasattr(var, "name") else var
+        return name.startswith("$") or name in self.inlined_temps
 
     def hidden_by_arg_index(self, index: int):
         k = index - len(self.runtime_params)
@@ -152,6 +158,18 @@ def static_value(state: CompileState, var, permissive: bool = False):
                 raise NotStatic(var) from e
         raise NotStatic(var)
     raise NotStatic(var)
+
+
+def is_global_data(state, var) -> bool:
+    """True if ``var`` is (a copy of) a kernel argument or hidden field argument."""
+    ir = state.ir
+    for _ in range(50):
+        d = state.definition(var)
+        if isinstance(d, ir.Var):
+            var = d
+            continue
+        return isinstance(d, ir.Arg)
+    return False
 
 
 _MISSING = object()

@@ -72,7 +72,7 @@ class FoldStatic:
 
     # -- loops --------------------------------------------------------------------------------
     def _unroll_one_loop(self, state) -> bool:
-        ir, analysis = state.ir, state.tools.analysis
+        analysis = state.tools.analysis
         state.refresh_definitions()
         cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
         for header, loop in cfg.loops().items():
@@ -101,21 +101,27 @@ class FoldStatic:
         entries = []
         next_label = state.new_label()
         copies = []
-        for value in values:
+        for _ in values:
             mapping = {}
             for lbl in body_labels:
                 mapping[lbl] = next_label
                 next_label += 1
             copies.append(mapping)
             entries.append(mapping[shape.body_entry])
+        private = _body_private_names(ir, blocks, shape, body_labels)
+        scope = blocks[shape.body_entry].scope
         for n, (value, mapping) in enumerate(zip(values, copies)):
             continue_to = entries[n + 1] if n + 1 < len(values) else shape.exit
+            # each copy gets its own names for variables that live only in the body, so every
+            # copy's loop target (a field, a func) has a single definition later passes can follow
+            renames = {name: scope.redefine(name, shape.loc) for name in sorted(private)}
             for lbl in body_labels:
                 new = copy.deepcopy(blocks[lbl])
                 _retarget(ir, new, {**mapping, shape.header: continue_to})
                 if lbl == shape.body_entry:
                     new.body.insert(0, ir.Assign(_constant(ir, value, shape.loc, shape.index_var.name),
                                                  shape.index_var, shape.loc))
+                state.tools.ir_utils.replace_vars({0: new}, renames)
                 blocks[mapping[lbl]] = new
         pre = blocks[shape.preheader]
         pre.body = [s for s in pre.body if s not in shape.plumbing]
@@ -123,6 +129,19 @@ class FoldStatic:
         for lbl in shape.body:
             del blocks[lbl]
         remove_unreachable(state)
+
+
+def _body_private_names(ir, blocks, shape, body_labels) -> set:
+    """Variables defined in the loop body (or the loop target) and never mentioned outside it."""
+    defined = {shape.index_var.name}
+    for lbl in body_labels:
+        defined.update(s.target.name for s in blocks[lbl].body if isinstance(s, ir.Assign))
+    outside = set()
+    for lbl, block in blocks.items():
+        if lbl not in shape.body:
+            for stmt in block.body:
+                outside.update(v.name for v in stmt.list_vars())
+    return defined - outside
 
 
 def _constant(ir, value, loc, name):

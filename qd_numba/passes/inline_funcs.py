@@ -49,8 +49,9 @@ class InlineFuncs:
         tools = state.tools
         callee_ir = callee.frontend_ir(tools)
         worker = tools.inline.InlineWorker(validator=None)
-        _, callee_blocks, _, new_blocks = worker.inline_ir(
+        _, callee_blocks, var_dict, new_blocks = worker.inline_ir(
             state.func_ir, block, i, callee_ir, callee.fn.__code__.co_freevars)
+        state.inlined_temps.update(new.name for old, new in var_dict.items() if state.is_temp(old))
         for new_label, _ in new_blocks:
             # the caller's continuation keeps the caller's stack; the callee's blocks add the callee
             state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack

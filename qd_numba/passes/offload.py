@@ -25,7 +25,8 @@ from ..lang import loop_config as qd_loop_config
 from ..lang import ndrange as qd_ndrange
 from ..lowering import spaces, subscripts
 from ..task import Task
-from .base import MISSING, try_static
+from .base import MISSING, is_global_data, try_static
+from .dead_code import remove_dead_pure
 from .fold_static import loop_shape
 
 
@@ -51,7 +52,7 @@ class Offload:
     name = "offload"
 
     def run(self, state) -> bool:
-        ir, analysis = state.ir, state.tools.analysis
+        analysis = state.tools.analysis
         state.refresh_definitions()
         cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
@@ -121,7 +122,7 @@ class Offload:
             defined = {}
             for lbl in lp.body:
                 for stmt in blocks[lbl].body:
-                    if isinstance(stmt, ir.Assign) and not stmt.target.name.startswith("$"):
+                    if isinstance(stmt, ir.Assign) and not state.is_temp(stmt.target):
                         defined.setdefault(stmt.target.name, stmt.loc)
             leaked = sorted(set(defined) & set(live_map.get(lp.exit, ())))
             if leaked:
@@ -160,7 +161,7 @@ class Offload:
         body = [s for s in pre.body[:-1] if s not in shape.plumbing]
         pre.body = body + new + plumbing + [pre.body[-1]]
         self._bind_targets(state, shape, space, ndim, is_grouped)
-        remove_dead_pure(state, pre)
+        remove_dead_pure(state, [shape.preheader])
         return {"space": space, "total": total, "ndim": ndim, "bounds": bounds, "plumbing": plumbing,
                 "setup": new}
 
@@ -234,13 +235,12 @@ class Offload:
                                   f"a loop over {ndim} dimensions needs {ndim} targets (for i, j in ...) "
                                   "or qd.grouped(...)", first.loc)
         else:
-            raise state.error(QuadrantsSyntaxError, "unsupported loop target", loc)
+            return  # the loop target is never read (``for _ in range(n)``): nothing to bind
         entry.body[:0] = prologue
 
     # -- serial tasks ---------------------------------------------------------------------------
     def _insert_serial_tasks(self, state, covered):
         """Number serial code that does work as tasks, in program order between the loops."""
-        ir = state.ir
         blocks = state.func_ir.blocks
         cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
         order = cfg.topo_order()
@@ -255,7 +255,7 @@ class Offload:
                 tasks.append(("loop", header_of[lbl]))
             elif lbl not in covered:
                 for stmt in blocks[lbl].body:
-                    if id(stmt) in setup or not _does_work(stmt, ir):
+                    if id(stmt) in setup or not _does_work(state, stmt):
                         continue
                     serial_loc = serial_loc or stmt.loc
         if serial_loc is not None:
@@ -275,47 +275,24 @@ class Offload:
         state.tasks = new_tasks
 
 
-def _does_work(stmt, ir) -> bool:
-    """Statements that are more than plumbing: stores, calls, user-visible assignments."""
-    if isinstance(stmt, (ir.Jump, ir.Branch)):
-        return False
-    if isinstance(stmt, ir.Return):
+def _does_work(state, stmt) -> bool:
+    """Statements with an effect a serial task must carry out: stores, loads of global data,
+    calls, prints. Copies, constants and scalar arithmetic (parameter bindings of inlined
+    funcs, values computed for later loops) are evaluated wherever they are needed."""
+    ir = state.ir
+    if isinstance(stmt, (ir.Jump, ir.Branch, ir.Return)):
         return False
     if isinstance(stmt, ir.Assign):
         value = stmt.value
-        if isinstance(value, ir.Arg):
+        if isinstance(value, (ir.Arg, ir.Const, ir.Global, ir.FreeVar, ir.Var)):
             return False
-        if isinstance(value, (ir.Const, ir.Global, ir.FreeVar, ir.Var)):
-            return not stmt.target.name.startswith("$")
-        if isinstance(value, ir.Expr) and value.op in ("cast", "getattr", "build_tuple", "static_getitem"):
-            return not stmt.target.name.startswith("$")
-        if isinstance(value, ir.Expr) and value.op == "call":
-            return True
-        return not stmt.target.name.startswith("$")
+        if isinstance(value, ir.Expr) and value.op in _PURE_SERIAL_OPS:
+            return False
+        if isinstance(value, ir.Expr) and value.op in ("getitem", "static_getitem"):
+            return is_global_data(state, value.value)
+        return True
     return True
 
 
-_PURE_CALLS = (range, qd_ndrange, qd_grouped)
-
-
-def remove_dead_pure(state, block) -> None:
-    """Drop side-effect-free assignments in ``block`` whose results nobody reads (left-over
-    iterable construction such as ``range(n)`` after canonicalisation)."""
-    ir = state.ir
-    while True:
-        used = {v.name for b in state.func_ir.blocks.values() for s in b.body for v in s.list_vars()
-                if not (isinstance(s, ir.Assign) and s.target.name == v.name)}
-        keep = []
-        for stmt in block.body:
-            if isinstance(stmt, ir.Assign) and stmt.target.name.startswith("$") and stmt.target.name not in used:
-                v = stmt.value
-                pure = isinstance(v, (ir.Const, ir.Global, ir.FreeVar, ir.Var)) or (
-                    isinstance(v, ir.Expr) and (v.op in ("getattr", "build_tuple", "static_getitem") or (
-                        v.op == "call" and try_static(state, v.func) in _PURE_CALLS)))
-                if pure:
-                    continue
-            keep.append(stmt)
-        if len(keep) == len(block.body):
-            break
-        block.body = keep
-    state.refresh_definitions()
+_PURE_SERIAL_OPS = frozenset({"cast", "getattr", "build_tuple", "static_getitem", "binop", "unary",
+                              "exhaust_iter", "pair_first", "pair_second", "phi"})

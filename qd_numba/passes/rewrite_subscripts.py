@@ -21,22 +21,10 @@ import operator
 
 from ..lang import ATOMIC_FUNCTIONS
 from ..lowering import subscripts as impl
-from .base import MISSING, try_static
+from .base import MISSING, is_global_data, try_static
 
 _AUG_OPS = {operator.iadd: "add", operator.isub: "sub", operator.iand: "and",
             operator.ior: "or", operator.ixor: "xor"}
-
-
-def is_global_data(state, var) -> bool:
-    """True if ``var`` is (a copy of) a kernel argument or hidden field argument."""
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if isinstance(d, ir.Var):
-            var = d
-            continue
-        return isinstance(d, ir.Arg)
-    return False
 
 
 def _subscript(state, var):
@@ -54,7 +42,6 @@ class RewriteSubscripts:
     name = "rewrite_subscripts"
 
     def run(self, state) -> bool:
-        ir = state.ir
         changed = False
         state.refresh_definitions()
         for block in state.func_ir.blocks.values():
@@ -142,7 +129,9 @@ class RewriteSubscripts:
                                   loc)
             dest, value = expr.args
             op_var, op_stmt = self._const(state, block, ATOMIC_FUNCTIONS[fn], loc)
-            sub = _subscript(state, dest)
+            # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
+            # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.
+            sub = _subscript(state, dest) if state.is_temp(dest) else None
             if sub is not None:
                 base, idx_var, const_idx = sub
                 index, pre = self._index_var(state, block, idx_var, const_idx, loc)

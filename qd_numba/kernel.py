@@ -10,7 +10,6 @@ messages, compilation — happens on a miss, in :meth:`Kernel._slow_call`.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import threading
 
@@ -30,8 +29,9 @@ from .errors import (
     take_pending,
 )
 from .field import ArrayData, Ndarray, element_shape
-from .passes.base import CompileState, IRTools, dump_ir
+from .passes.base import CompileState, IRTools, copy_ir, dump_ir
 from .passes.bind_arguments import BindArguments
+from .passes.check_writes import CheckReadonlyWrites, is_readonly
 from .passes.dead_code import RemoveDeadPure
 from .passes.fold_static import FoldStatic
 from .passes.inline_funcs import InlineFuncs
@@ -295,9 +295,10 @@ class Kernel:
         cfg = config.current
         tools = IRTools.for_cpu()
         runtime_params = [p.name for p in self.params if p.kind != "template"]
-        state = CompileState(tools=tools, func_ir=copy.deepcopy(self.frontend_ir(tools)), kernel_name=self.name,
+        func_ir = copy_ir(tools.ir, self.frontend_ir(tools))
+        state = CompileState(tools=tools, func_ir=func_ir, kernel_name=self.name,
                              config=cfg, runtime_params=runtime_params, param_types=param_types,
-                             template_values=templates)
+                             template_values=templates, kernel_qualname=self.qualname)
         take_pending()
         try:
             run_untyped_pipeline(state)
@@ -305,13 +306,15 @@ class Kernel:
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
             cres = cpu.compile_driver(driver, argtypes, cfg.debug)
-        except QuadrantsError:
+        except QuadrantsError as e:
+            if take_pending() is e:  # raised inside Numba's typing, which let it through: not located yet
+                raise located(type(e), str(e), self.name, _typing_loc(e)) from None
             raise
         except numba_errors.NumbaError as e:
             if cfg.raw_errors:
                 raise
             pending = take_pending() or next((tf.error for tf in getattr(state, "_tfs", ()) if tf.error), None)
-            raise _wrap_numba_error(self.name, e, pending) from None
+            raise _wrap_numba_error(self.name, e, pending, param_types) from None
         self.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
         return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state)
@@ -333,6 +336,9 @@ class Kernel:
 
     def __repr__(self):
         return f"<qd.kernel {self.qualname}>"
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def run_untyped_pipeline(state) -> None:
@@ -359,13 +365,14 @@ def run_untyped_pipeline(state) -> None:
     else:
         raise state.error(QuadrantsCompilationError, "compile-time evaluation did not converge")
     run(RewriteSubscripts())
+    run(CheckReadonlyWrites())
     run(ResolveGlobals())
     run(RemoveDeadPure())
     run(Offload())
 
 
 PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
-            "offload", "cpu.build_driver", "numba typing + lowering")
+            "check_readonly_writes", "offload", "cpu.build_driver", "numba typing + lowering")
 
 
 _INT_TYPES = frozenset({int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64,
@@ -409,11 +416,39 @@ def _ndarray_type(where, spec, a, debug):
     return types.Array(dtype, ndim, layout, readonly=readonly)
 
 
-def _wrap_numba_error(kernel_name, e, pending):
+def _typing_loc(exc):
+    """The innermost statement Numba's type inference was resolving when ``exc`` (not a Numba
+    error, so Numba let it through without a location) was raised: the ``loc`` local of its
+    constraint-propagation frames, skipping statements of qd_numba's and Numba's own code."""
+    import os
+
+    import numba
+    from numba.core import ir, typeinfer
+
+    internal = (os.path.dirname(numba.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    loc = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == typeinfer.__file__:
+            candidate = frame.f_locals.get("loc")
+            if isinstance(candidate, ir.Loc) and candidate.filename \
+                    and not os.path.abspath(candidate.filename).startswith(internal):
+                loc = candidate
+        tb = tb.tb_next
+    return loc
+
+
+def _wrap_numba_error(kernel_name, e, pending, param_types=None):
     text = str(e)
     loc = getattr(e, "loc", None)
     if pending is not None:
         return located(type(pending), str(pending), kernel_name, loc)
+    readonly = [name for name, ty in (param_types or {}).items() if is_readonly(ty)]
+    if readonly and "readonly array" in text:  # a write the CheckReadonlyWrites pass cannot see (a callee)
+        names = ", ".join(f"'{n}'" for n in readonly)
+        return QuadrantsTypeError(f"in kernel '{kernel_name}': read-only array argument {names} "
+                                  f"(numpy flags.writeable is False) is written to\n{text}")
     if isinstance(e, numba_errors.TypingError):
         first = text.strip().splitlines()[0] if text.strip() else "type error"
         return QuadrantsTypeError(f"in kernel '{kernel_name}': {first}\n{text}")

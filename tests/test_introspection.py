@@ -39,7 +39,10 @@ def test_tasks_kinds_and_ndim():
     assert [t.ndim for t in tasks] == [1, 0, 2]
     assert [t.index for t in tasks] == [0, 1, 2]
     assert len({t.name for t in tasks}) == 3 and len({t.uid for t in tasks}) == 3
-    assert all("three" in t.name for t in tasks)
+    # qualified, stable names: '<module>.<qualname>.t<index>_<kind>'
+    assert [t.name for t in tasks] == [f"{k.qualname}.t0_range_for", f"{k.qualname}.t1_serial",
+                                       f"{k.qualname}.t2_range_for"]
+    assert k.qualname == f"{__name__}.make_three_tasks.<locals>.three"
     assert all(t.describe() for t in tasks)
 
 
@@ -61,6 +64,33 @@ def test_task_ids_stable_across_identical_kernels():
     assert [t.name for t in t1] == [t.name for t in t2]
     assert [t.uid for t in t1] == [t.uid for t in t2]
     assert all(len(t.uid) == 16 and int(t.uid, 16) >= 0 for t in t1)
+
+
+def test_same_short_name_in_two_scopes_gives_different_tasks():
+    def scope_a():
+        @qd.kernel
+        def step(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                a[i] = a[i] + 1.0
+        return step
+
+    def scope_b():
+        @qd.kernel
+        def step(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                a[i] = a[i] * 3.0
+        return step
+
+    ka, kb = scope_a(), scope_b()
+    x = RNG.standard_normal(20).astype(np.float32)
+    ta, tb = ka.tasks(x.copy()), kb.tasks(x.copy())
+    assert ta[0].name != tb[0].name and ta[0].uid != tb[0].uid
+    assert ta[0].name.endswith("scope_a.<locals>.step.t0_range_for")
+    ya, yb = x.copy(), x.copy()
+    ka(ya)
+    kb(yb)
+    np.testing.assert_allclose(ya, x + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(yb, x * 3.0, rtol=1e-6)
 
 
 def test_task_uid_differs_between_kernels():

@@ -10,6 +10,7 @@ A pass is a class with a ``name`` and ``run(state) -> bool`` (True only if it ch
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import operator
 import sys
@@ -50,6 +51,7 @@ class CompileState:
     loops: list = dataclasses.field(default_factory=list)        # offload.OffloadedLoop per range_for task
     dumps: list = dataclasses.field(default_factory=list)
     inlined_temps: set = dataclasses.field(default_factory=set)  # renamed '$' temporaries of inlined funcs
+    kernel_qualname: str = ""       # '<module>.<qualname>': names tasks (stable across processes)
 
     @property
     def ir(self):
@@ -184,6 +186,30 @@ def try_static(state, var, permissive=False):
 
 
 MISSING = _MISSING
+
+
+def copy_ir(ir, obj):
+    """A deep copy of IR (a FunctionIR, a block, a dict of blocks) that shares the Python
+    values held by ``ir.Global``/``ir.FreeVar``/``ir.Const`` nodes.
+
+    Those values are compile-time objects (kernels, funcs, fields, modules, user objects) that
+    passes look at but never mutate; deep-copying them is wrong (fields must stay the live
+    buffer) and can fail (objects that cannot be pickled)."""
+    if hasattr(obj, "blocks"):
+        blocks = obj.blocks.values()
+    elif isinstance(obj, dict):
+        blocks = obj.values()
+    else:
+        blocks = [obj]
+    memo = {}
+    if hasattr(obj, "func_id"):  # it pickles the function, closure cells included
+        memo[id(obj.func_id)] = obj.func_id
+    for block in blocks:
+        for stmt in block.body:
+            value = getattr(stmt, "value", None)
+            if isinstance(value, (ir.Global, ir.FreeVar, ir.Const)):
+                memo[id(value.value)] = value.value
+    return copy.deepcopy(obj, memo)
 
 
 def exec_stub(name: str, arg_names: list[str]):

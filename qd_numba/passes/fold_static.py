@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import copy
-
 from ..errors import QuadrantsSyntaxError
 from ..lang import static as qd_static
-from .base import MISSING, try_static
+from .base import MISSING, copy_ir, try_static
 
 
 class FoldStatic:
@@ -116,7 +114,7 @@ class FoldStatic:
             # copy's loop target (a field, a func) has a single definition later passes can follow
             renames = {name: scope.redefine(name, shape.loc) for name in sorted(private)}
             for lbl in body_labels:
-                new = copy.deepcopy(blocks[lbl])
+                new = copy_ir(ir, blocks[lbl])
                 _retarget(ir, new, {**mapping, shape.header: continue_to})
                 if lbl == shape.body_entry:
                     new.body.insert(0, ir.Assign(_constant(ir, value, shape.loc, shape.index_var.name),

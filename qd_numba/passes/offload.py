@@ -44,6 +44,10 @@ class OffloadedLoop:
     setup: list            # preheader statements that compute the space and the total
 
 
+def _task_prefix(state) -> str:
+    return state.kernel_qualname or state.kernel_name
+
+
 def _loc_str(loc) -> str:
     return f"{loc.filename}:{loc.line}" if loc is not None else "?"
 
@@ -72,7 +76,7 @@ class Offload:
             state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
                                              shape.iternext.value.value, info["space"], info["total"],
                                              info["plumbing"], info["setup"]))
-            state.tasks.append(Task.make(state.kernel_name, index, "range_for", bounds=info["bounds"],
+            state.tasks.append(Task.make(_task_prefix(state), index, "range_for", bounds=info["bounds"],
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
                                          header=shape.header, body=frozenset(shape.body)))
         self._check_live_outs(state)
@@ -265,11 +269,11 @@ class Offload:
         for kind, item in tasks:
             index = len(new_tasks)
             if kind == "serial":
-                new_tasks.append(Task.make(state.kernel_name, index, "serial", loc=_loc_str(item)))
+                new_tasks.append(Task.make(_task_prefix(state), index, "serial", loc=_loc_str(item)))
             else:
                 old = by_header[item.header]
                 item.task_index = index
-                new_tasks.append(Task.make(state.kernel_name, index, "range_for", bounds=old.bounds,
+                new_tasks.append(Task.make(_task_prefix(state), index, "range_for", bounds=old.bounds,
                                            ndim=old.ndim, loc=old.loc, serialize=old.serialize,
                                            header=old.header, body=old.body))
         state.tasks = new_tasks

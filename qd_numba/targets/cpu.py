@@ -15,18 +15,18 @@ under ``debug=True``) are caught per chunk and re-raised by the driver after the
 
 from __future__ import annotations
 
-import copy
 import itertools
 import threading
 
 from llvmlite import ir as llir
 from numba.core import cgutils, compiler, types
+from numba.core import ir as numba_ir
 from numba.core.imputils import lower_constant
 from numba.core.registry import cpu_target
 from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
-from ..passes.base import exec_stub
+from ..passes.base import copy_ir, exec_stub
 
 _threads_ready = False
 _lock = threading.RLock()
@@ -71,7 +71,7 @@ class TaskFunction:
             if cres is None:
                 try:
                     cres = compiler.compile_ir(cpu_target.typing_context, cpu_target.target_context,
-                                               copy.deepcopy(self.func_ir), argtypes, types.none,
+                                               copy_ir(numba_ir, self.func_ir), argtypes, types.none,
                                                compile_flags(self.debug, entry=False), {})
                 except Exception as e:
                     self.error = e
@@ -277,7 +277,7 @@ def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, lis
     # which never belongs to a loop body
     new_blocks = {0: entry, lp.exit: exit_block}
     for lbl in lp.body:
-        new_blocks[lbl] = copy.deepcopy(blocks[lbl])
+        new_blocks[lbl] = copy_ir(ir, blocks[lbl])
     task_ir = _derive(state, stub, new_blocks, params)
     return TaskFunction(task, task_ir, debug), live
 

@@ -94,6 +94,30 @@ def _param_kind(annotation):
     return None
 
 
+def _evaluate_annotation(fn, kernel_name: str, what: str, annotation):
+    """A string annotation (``from __future__ import annotations``, or written in quotes)
+    evaluated as ``typing.get_type_hints`` does — in the function's globals — plus the
+    function's closure cells, so annotations naming enclosing-scope values work too."""
+    if not isinstance(annotation, str):
+        return annotation
+    local_ns = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            local_ns[name] = cell.cell_contents
+        except ValueError:  # an empty cell: the name is not bound yet
+            pass
+    try:
+        return eval(annotation, fn.__globals__, local_ns)
+    except Exception as e:
+        hint = ""
+        if isinstance(e, NameError) and "<locals>" in fn.__qualname__:
+            hint = ("; names of an enclosing function are visible only if the kernel body uses them "
+                    "(Python keeps no other) - define the type at module level")
+        raise QuadrantsSyntaxError(
+            f"kernel '{kernel_name}': cannot evaluate the annotation {annotation!r} of {what}: "
+            f"{type(e).__name__}: {e}{hint}") from None
+
+
 class Param:
     def __init__(self, name, annotation, kind):
         self.name, self.annotation, self.kind = name, annotation, kind
@@ -169,15 +193,18 @@ class Kernel:
         for p in sig.parameters.values():
             if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 raise QuadrantsSyntaxError(f"kernel '{self.name}': *args/**kwargs parameters are not supported")
-            kind = _param_kind(p.annotation)
+            annotation = _evaluate_annotation(fn, self.name, f"parameter '{p.name}'", p.annotation)
+            kind = _param_kind(annotation)
             if kind is None:
                 raise QuadrantsSyntaxError(
                     f"kernel '{self.name}': parameter '{p.name}' needs a type annotation "
-                    "(a scalar dtype, qd.types.ndarray(...), or qd.template())")
-            self.params.append(Param(p.name, p.annotation, kind))
+                    "(a scalar dtype, qd.types.ndarray(...), or qd.template())"
+                    + (f", got {annotation!r}" if annotation is not inspect.Parameter.empty else ""))
+            self.params.append(Param(p.name, annotation, kind))
         self.return_type = None
-        if sig.return_annotation is not inspect.Signature.empty and sig.return_annotation is not None:
-            self.return_type = dtypes.to_numba(sig.return_annotation)
+        returns = _evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
+        if returns is not inspect.Signature.empty and returns is not None:
+            self.return_type = dtypes.to_numba(returns)
         self._instances = {}
         self._lock = threading.RLock()
         self._ir = None

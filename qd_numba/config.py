@@ -40,6 +40,11 @@ class Config:
     cpu_max_num_threads: int = 0        # 0: Numba's default (all cores)
     raw_errors: bool = False            # QD_RAW_ERRORS: let Numba's exceptions through
     random_seed: int | None = None
+    cuda_compile_check: bool = False    # QD_CUDA_COMPILE_CHECK: also compile every CPU kernel for CUDA (no GPU)
+
+    def for_kernel(self, *, fuse=None, graph=False):
+        """This config as one kernel sees it (per-kernel overrides; see the fusion options)."""
+        return self
 
     def codegen_key(self) -> tuple:
         """The options that change generated code (part of every compile key)."""
@@ -50,6 +55,7 @@ def config_from_env(**overrides) -> Config:
     cfg = Config(
         debug=env_flag("QD_DEBUG"),
         print_ir=env_flag("QD_DUMP_IR"),
+        cuda_compile_check=env_flag("QD_CUDA_COMPILE_CHECK"),
         raw_errors=env_flag("QD_RAW_ERRORS"),
     )
     for key, value in overrides.items():

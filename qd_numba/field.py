@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from . import dtypes
+from . import config, dtypes
 from .errors import QuadrantsIndexError, QuadrantsTypeError
 
 _field_ids = itertools.count()
@@ -57,6 +57,12 @@ class ArrayData:
         self.element_shape = element_shape(self.elem_type)
         self.name = name
         self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
+        # on a GPU arch the device buffer is the data (``_arr`` only gives shape and dtype)
+        self._dev = None
+        if config.current.arch == "cuda":
+            from .targets.cuda import ensure_device
+
+            ensure_device(self)
 
     # -- python-scope access -------------------------------------------------------
     def _index(self, key):
@@ -75,15 +81,31 @@ class ArrayData:
                 raise QuadrantsIndexError(f"index {int(i)} out of bounds for dimension {k} of {self._describe()}")
         return tuple(int(i) for i in key)
 
+    def _dev_element(self, idx):
+        """A device view of one element, with a leading dimension of 1 (0-d: the whole array)."""
+        if not idx:
+            return self._dev
+        last = idx[-1] % self.shape[len(idx) - 1]
+        return self._dev[idx[:-1] + (slice(last, last + 1),)]
+
     def __getitem__(self, key):
-        value = self._arr[self._index(key)]
+        idx = self._index(key)
+        if self._dev is not None:
+            value = self._dev_element(idx).copy_to_host().reshape(self.element_shape)
+            return value if self.element_shape else value.item()
+        value = self._arr[idx]
         return value.copy() if self.element_shape else value.item()
 
     def __setitem__(self, key, value):
-        self._arr[self._index(key)] = value
+        idx = self._index(key)
+        if self._dev is not None:
+            view = self._dev_element(idx)
+            view.copy_to_device(np.broadcast_to(np.asarray(value, dtype=self._arr.dtype), view.shape).copy())
+            return
+        self._arr[idx] = value
 
     def to_numpy(self, dtype=None) -> np.ndarray:
-        out = self._arr.copy()
+        out = self._dev.copy_to_host() if self._dev is not None else self._arr.copy()
         return out if dtype is None else out.astype(dtype)
 
     def from_numpy(self, array) -> None:
@@ -92,12 +114,18 @@ class ArrayData:
             raise QuadrantsTypeError(
                 f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
             )
+        if self._dev is not None:
+            self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype))
+            return
         np.copyto(self._arr, array, casting="unsafe")
 
     def copy_from(self, other: ArrayData) -> None:
-        self.from_numpy(other._arr)
+        self.from_numpy(other.to_numpy())
 
     def fill(self, value) -> None:
+        if self._dev is not None:
+            self._dev.copy_to_device(np.full(self._arr.shape, value, dtype=self._arr.dtype))
+            return
         self._arr[...] = value
 
     @property

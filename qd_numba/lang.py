@@ -71,7 +71,7 @@ def random(dtype=None):
     return float(np.random.random())
 
 
-@overload(random)
+@overload(random, target="cpu")
 def _random(dtype=None):
     if dtype is None or isinstance(dtype, (types.NoneType, types.Omitted)):
         fp = config.current.default_fp
@@ -89,6 +89,42 @@ def _random(dtype=None):
         def impl_float(dtype=None):
             return dtype(np.random.random())
         return impl_float
+    return None
+
+
+def _cuda_uniform(fp):
+    """An implementation of a uniform float in [0, 1) of type ``fp`` on CUDA (24 or 53 bits)."""
+    from .lowering.device import cuda_rng_u32
+
+    if fp.bitwidth <= 32:
+        def uniform32():
+            return fp(np.float32(cuda_rng_u32() >> np.uint32(8)) * np.float32(1.0 / 16777216.0))
+        return uniform32
+
+    def uniform64():
+        hi = np.uint64(cuda_rng_u32()) >> np.uint64(5)      # 27 bits
+        lo = np.uint64(cuda_rng_u32()) >> np.uint64(6)      # 26 bits
+        return fp(np.float64(hi * np.uint64(67108864) + lo) * (1.0 / 9007199254740992.0))
+    return uniform64
+
+
+@overload(random, target="cuda")
+def _random_cuda(dtype=None):
+    from numba import njit
+
+    from .lowering.device import cuda_rng_u32
+
+    if dtype is None or isinstance(dtype, (types.NoneType, types.Omitted)):
+        uniform = njit(_cuda_uniform(config.current.default_fp))
+        return lambda dtype=None: uniform()
+    if isinstance(dtype, types.NumberClass):
+        inner = dtype.instance_type
+        if isinstance(inner, types.Integer):
+            def impl_int(dtype=None):
+                return dtype(np.int32(cuda_rng_u32()))
+            return impl_int
+        uniform = njit(_cuda_uniform(inner))
+        return lambda dtype=None: uniform()
     return None
 
 

@@ -47,13 +47,16 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
             raise QuadrantsRuntimeError(
                 f"qd.init(arch={arch}): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
                 "`pip install qd_numba[cuda]`); use qd.cpu")
-        raise QuadrantsRuntimeError(f"qd.init(arch={arch}): the CUDA backend is not available in this build yet")
+        from .targets.cuda import CudaRuntime
+
+        CudaRuntime.get()
+        arch = cuda
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
     options.pop("offline_cache", None)
     options.pop("log_level", None)
-    config.current = config.config_from_env(arch=cpu, **overrides, **options)
+    config.current = config.config_from_env(arch=arch, **overrides, **options)
     if config.current.cpu_max_num_threads:
         import numba
 
@@ -75,7 +78,11 @@ def _seed(seed: int) -> None:
 
 
 def sync() -> None:
-    """Kernels on the CPU finish before they return; nothing to wait for."""
+    """Wait for every launched kernel (CPU kernels finish before they return)."""
+    if config.current.arch == cuda:
+        from numba import cuda as numba_cuda
+
+        numba_cuda.synchronize()
 
 
 def reset() -> None:

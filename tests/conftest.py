@@ -1,20 +1,61 @@
-"""Shared fixtures: qd.init once per test module, and a seeded numpy RNG."""
+"""Shared fixtures: qd.init once per test module, and a seeded numpy RNG.
+
+``pytest --arch=cuda`` runs the suite on the GPU (``qd.init(arch=qd.cuda)``). On the CPU (the
+default) every kernel a test compiles is also compiled for CUDA down to a cubin
+(``cuda_compile_check``, no GPU needed) when numba-cuda is installed, so the CUDA code path —
+our passes, types and lowering — runs on every commit; numerics come from the CPU run.
+"""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
 
 import qd_numba as qd
+from qd_numba.targets.cuda_compile import numba_cuda_importable
+
+
+def pytest_addoption(parser):
+    parser.addoption("--arch", default="cpu", choices=("cpu", "cuda"), help="qd_numba arch to run kernels on")
+
+
+def _arch(config):
+    return config.getoption("--arch")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def qd_init():
-    qd.init(arch=qd.cpu)
+def qd_init(request):
+    if _arch(request.config) == "cuda":
+        qd.init(arch=qd.cuda)
+    else:
+        qd.init(arch=qd.cpu, cuda_compile_check=numba_cuda_importable())
     yield
 
 
 @pytest.fixture
+def arch(request):
+    return _arch(request.config)
+
+
+@pytest.fixture
 def rng(request):
-    seed = abs(hash(request.node.nodeid)) % (2**32)
-    return np.random.default_rng(seed)
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True)
+def _cuda_compile_check_opt_out(request):
+    """``@pytest.mark.no_cuda_compile_check``: skip the CUDA compile of this test's kernels
+    (fuzzers compiling hundreds of kernels; their CUDA path is covered by the other tests)."""
+    if request.node.get_closest_marker("no_cuda_compile_check") is None:
+        yield
+        return
+    from qd_numba import config
+
+    saved = config.current.cuda_compile_check
+    config.current.cuda_compile_check = False
+    try:
+        yield
+    finally:
+        config.current.cuda_compile_check = saved

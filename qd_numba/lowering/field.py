@@ -189,18 +189,26 @@ def element_atomic(typingctx, f, idx, value, op):
         return None
     component = _layout(f)[2] and _index_arity(idx) == _layout(f)[1] + len(_layout(f)[2])
     check_index(f, idx, "update", component=component)
-    llop = _llvm_atomic_op(op.literal_value, _layout(f)[0])
+    opname = op.literal_value
+    llop = _llvm_atomic_op(opname, _layout(f)[0])
     resty = _layout(f)[0] if component else _value_type(f)
 
     def codegen(context, builder, sig, args):
+        from ..targets.cuda_compile import cuda_atomic_rmw, is_cuda_context
+
         fty, idxty, valty, _ = sig.args
         ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
         dtype = _layout(fty)[0]
         vals, vtys = _components(builder, valty, args[2], len(ptrs))
+        # libNVVM rejects float atomicrmw: CUDA float atomics go through NVVM intrinsics
+        nvvm_float = isinstance(dtype, types.Float) and is_cuda_context(context)
         olds = []
         for p, v, vt in zip(ptrs, vals, vtys):
-            old = builder.atomic_rmw(llop, p, context.cast(builder, v, vt, dtype), "monotonic")
-            olds.append(old)
+            v = context.cast(builder, v, vt, dtype)
+            if nvvm_float:
+                olds.append(cuda_atomic_rmw(builder, opname, p, v))
+            else:
+                olds.append(builder.atomic_rmw(llop, p, v, "monotonic"))
         if isinstance(sig.return_type, types.BaseTuple):
             return context.make_tuple(builder, sig.return_type, olds)
         return olds[0]
@@ -235,7 +243,10 @@ def _field_setitem(f, idx, value):
         return None
     if _is_matrix(idx):
         to_tuple = _matrix_helpers().matrix_to_tuple
-        return lambda f, idx, value: element_store(f, to_tuple(idx), value)
+
+        def store_vector_index(f, idx, value):
+            f[to_tuple(idx)] = value  # the value is converted by the tuple-index overload
+        return store_vector_index
     if _is_matrix(value):
         to_tuple = _matrix_helpers().matrix_to_tuple
         return lambda f, idx, value: element_store(f, idx, to_tuple(value))

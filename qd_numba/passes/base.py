@@ -34,6 +34,14 @@ class IRTools:
 
         return IRTools(ir, ir_utils, analysis, run_frontend, inline_closurecall)
 
+    @staticmethod
+    def for_cuda() -> IRTools:
+        """numba-cuda's twin IR modules (``numba.cuda.core``)."""
+        from numba.cuda.compiler import run_frontend
+        from numba.cuda.core import analysis, inline_closurecall, ir, ir_utils
+
+        return IRTools(ir, ir_utils, analysis, run_frontend, inline_closurecall)
+
 
 @dataclasses.dataclass
 class CompileState:

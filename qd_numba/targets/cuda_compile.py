@@ -602,6 +602,7 @@ class CompiledCudaTask:
     compile_seconds: float
     linker_log: str = ""
     kparams: list[tuple[int, int, int]] | None = field(default=None, repr=False)
+    typemap: dict | None = field(default=None, repr=False)   # IR variable name -> Numba type
 
     @property
     def param_buffer_size(self) -> int:
@@ -697,6 +698,7 @@ def compile_task_to_cubin(
             )
             cres = pipeline.compile_ir(func_ir=func_ir)
             lib = cres.library
+            _define_declared_globals(lib, cres.target_context)
             lib.finalize()
             entry = cres.fndesc.llvm_func_name
             kernel = lib.get_function(entry)
@@ -730,7 +732,22 @@ def compile_task_to_cubin(
         compile_seconds=seconds,
         linker_log=log if isinstance(log, str) else str(log),
         kparams=_cubin_kparams(cubin, kernel.name),
+        typemap=dict(getattr(cres.fndesc, "typemap", None) or {}),
     )
+
+
+def _define_declared_globals(lib: Any, target_context: Any) -> None:
+    """Define, once per kernel, the device globals qd_numba's intrinsics declare (the RNG state
+    pointer): its modules only declare them, so that device functions can share them."""
+    from ..lowering.device import RNG_STATES_SYMBOL, rng_definition_module
+
+    for mod in lib.modules:
+        if mod.globals.get(RNG_STATES_SYMBOL) is not None:
+            codegen = target_context.codegen()
+            helper = codegen.create_library("qd_rng_states")
+            helper.add_ir_module(rng_definition_module(codegen._create_empty_module("qd_rng_states")))
+            lib.add_linking_library(helper)
+            return
 
 
 _NRT_EXTERN = re.compile(r"\.extern\s+\.func\s+(?:\s*\(.+\)\s*)?(NRT_\w+)\s*\([^)]*\)\s*;")

@@ -1,0 +1,199 @@
+"""Intrinsics of GPU task kernels: thread indexing, field storage, values passed between tasks.
+
+A CUDA task kernel takes two pointer-sized parameters before the kernel's own arguments:
+
+* ``ctx``: the runtime context, a device table of ``uint64`` data pointers, one slot per field.
+  ``field_from_ctx(ctx, slot, token)`` builds the field's array view from its slot, with the
+  field's shape and strides as compile-time constants, so a kernel pays one parameter for all
+  the fields it touches and a field never costs a parameter per launch.
+* ``tmp``: the kernel instance's temporaries, 64-byte slots holding values one task computes
+  and a later task reads (``temp_store`` / ``temp_load``), and the kernel's return value.
+
+A :class:`TypeToken` carries a Numba type into the IR as a compile-time constant.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir as llir
+from numba.core import cgutils, types
+from numba.core.imputils import lower_constant
+from numba.extending import intrinsic, models, register_model, typeof_impl
+
+TEMP_SLOT_BYTES = 64
+
+
+class TypeToken:
+    """A compile-time constant naming a Numba type (and, for fields, the shape)."""
+
+    def __init__(self, ty, shape=()):
+        self.ty, self.shape = ty, tuple(shape)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class TypeTokenType(types.Dummy):
+    def __init__(self, ty, shape):
+        self.ty, self.shape = ty, shape
+        super().__init__(name=f"qd.token({ty}, {shape})")
+
+    @property
+    def key(self):
+        return self.ty, self.shape
+
+
+@typeof_impl.register(TypeToken)
+def _typeof_token(val, c):
+    return TypeTokenType(val.ty, val.shape)
+
+
+register_model(TypeTokenType)(models.OpaqueModel)
+
+
+@lower_constant(TypeTokenType)
+def _lower_token(context, builder, ty, pyval):
+    return context.get_dummy_value()
+
+
+def _sreg(builder, name):
+    fn = cgutils.get_or_insert_function(builder.module, llir.FunctionType(llir.IntType(32), ()),
+                                        f"llvm.nvvm.read.ptx.sreg.{name}")
+    return builder.zext(builder.call(fn, ()), llir.IntType(64))
+
+
+@intrinsic
+def grid_start(typingctx):
+    """blockIdx.x * blockDim.x + threadIdx.x, as int64."""
+    def codegen(context, builder, sig, args):
+        return builder.add(builder.mul(_sreg(builder, "ctaid.x"), _sreg(builder, "ntid.x")),
+                           _sreg(builder, "tid.x"))
+    return types.int64(), codegen
+
+
+@intrinsic
+def grid_stride(typingctx):
+    """gridDim.x * blockDim.x, as int64."""
+    def codegen(context, builder, sig, args):
+        return builder.mul(_sreg(builder, "nctaid.x"), _sreg(builder, "ntid.x"))
+    return types.int64(), codegen
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return list(reversed(strides))
+
+
+@intrinsic
+def field_from_ctx(typingctx, ctx, slot, token):
+    """The field in context slot ``slot`` (a constant), typed ``token.ty`` (a FieldType)."""
+    if not (isinstance(token, TypeTokenType) and isinstance(slot, types.IntegerLiteral)):
+        return None
+    fty = token.ty
+    shape = token.shape
+
+    def codegen(context, builder, sig, args):
+        arrty = fty.array_type
+        i64 = llir.IntType(64)
+        table = builder.inttoptr(args[0], i64.as_pointer())
+        cell = builder.gep(table, [llir.Constant(i64, slot.literal_value)])
+        raw = builder.load(cell)
+        # the table only changes between launches: let NVVM use the read-only data path
+        raw.set_metadata("invariant.load", builder.module.add_metadata([]))
+        dtype_ll = context.get_data_type(arrty.dtype)
+        data = builder.inttoptr(raw, dtype_ll.as_pointer())
+        itemsize = context.get_abi_sizeof(dtype_ll)
+        ary = context.make_array(arrty)(context, builder)
+        intp = context.get_value_type(types.intp)
+        context.populate_array(
+            ary, data=data,
+            shape=[llir.Constant(intp, int(n)) for n in shape],
+            strides=[llir.Constant(intp, s) for s in _c_strides(shape, itemsize)],
+            itemsize=llir.Constant(intp, itemsize), meminfo=None)
+        field = cgutils.create_struct_proxy(fty)(context, builder)
+        field.arr = ary._getvalue()
+        return field._getvalue()
+
+    return fty(ctx, slot, token), codegen
+
+
+@intrinsic
+def temp_store(typingctx, tmp, offset, value):
+    """Store ``value`` at byte ``offset`` (a constant) of the temporaries buffer."""
+    if not isinstance(offset, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, sig, args):
+        llty = context.get_value_type(sig.args[2])
+        if context.get_abi_sizeof(llty) > TEMP_SLOT_BYTES:
+            raise TypeError(f"a {sig.args[2]} value does not fit a {TEMP_SLOT_BYTES}-byte task temporary")
+        base = builder.inttoptr(args[0], llir.IntType(8).as_pointer())
+        ptr = builder.bitcast(builder.gep(base, [llir.Constant(llir.IntType(64), offset.literal_value)]),
+                              llty.as_pointer())
+        builder.store(args[2], ptr)
+        return context.get_dummy_value()
+
+    return types.none(tmp, offset, value), codegen
+
+
+@intrinsic
+def temp_load(typingctx, tmp, offset, token):
+    """Load the value of type ``token.ty`` stored at byte ``offset`` by an earlier task."""
+    if not (isinstance(offset, types.IntegerLiteral) and isinstance(token, TypeTokenType)):
+        return None
+    ty = token.ty
+
+    def codegen(context, builder, sig, args):
+        llty = context.get_value_type(ty)
+        base = builder.inttoptr(args[0], llir.IntType(8).as_pointer())
+        ptr = builder.bitcast(builder.gep(base, [llir.Constant(llir.IntType(64), offset.literal_value)]),
+                              llty.as_pointer())
+        return builder.load(ptr)
+
+    return ty(tmp, offset, token), codegen
+
+
+# -- random numbers ------------------------------------------------------------------------------------
+#
+# Each thread owns a 32-bit xorshift state in a device array (one per thread of the largest grid
+# the launcher uses, seeded from the host). Every task module defines the global
+# ``qd_rng_states`` (the array's address); the launcher writes it after loading the module.
+
+RNG_STATES_SYMBOL = "qd_rng_states"
+
+
+def _rng_states_pointer(builder):
+    module = builder.module
+    i32p = llir.IntType(32).as_pointer()
+    gv = module.globals.get(RNG_STATES_SYMBOL)
+    if gv is None:  # a declaration: the task kernel's library defines it once (rng_definition_module)
+        gv = llir.GlobalVariable(module, i32p, RNG_STATES_SYMBOL, addrspace=1)
+    generic = builder.addrspacecast(gv, i32p.as_pointer())
+    return builder.load(generic)
+
+
+def rng_definition_module(module):
+    """Define ``qd_rng_states`` (null until the launcher sets it) in an empty target module."""
+    i32p = llir.IntType(32).as_pointer()
+    gv = llir.GlobalVariable(module, i32p, RNG_STATES_SYMBOL, addrspace=1)
+    gv.initializer = llir.Constant(i32p, None)
+    return module
+
+
+@intrinsic
+def cuda_rng_u32(typingctx):
+    """The next 32 random bits of this thread's generator (xorshift32)."""
+    def codegen(context, builder, sig, args):
+        i32 = llir.IntType(32)
+        states = _rng_states_pointer(builder)
+        tid = builder.add(builder.mul(_sreg(builder, "ctaid.x"), _sreg(builder, "ntid.x")), _sreg(builder, "tid.x"))
+        ptr = builder.gep(states, [tid])
+        x = builder.load(ptr)
+        x = builder.xor(x, builder.shl(x, i32(13)))
+        x = builder.xor(x, builder.lshr(x, i32(17)))
+        x = builder.xor(x, builder.shl(x, i32(5)))
+        builder.store(x, ptr)
+        return x
+    return types.uint32(), codegen

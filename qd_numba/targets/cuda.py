@@ -1,0 +1,530 @@
+"""The CUDA target: compile a kernel's tasks to cubins and launch them through the driver.
+
+Compilation (once per kernel and argument spec): the untyped pipeline runs on numba-cuda's IR
+classes, :mod:`.cuda_tasks` splits the result into task kernels, :mod:`.cuda_compile` turns each
+into a cubin, and the cubins are loaded with ``cuModuleLoadData``. The result is a
+:class:`LaunchPlan`: one ``CUfunction`` per task, its grid and block, and a pre-packed
+``void*[]`` parameter array per task whose cells are shared by all tasks of the kernel.
+
+A call then only (1) checks the argument spec (type, dtype, ndim, contiguity per ndarray
+argument), (2) writes the cells of arguments that changed (a new pointer, a scalar value),
+(3) computes iteration counts that depend on argument shapes (generated Python, no device
+round trip) and (4) calls ``cuLaunchKernel`` once per task on the legacy default stream. No
+typing, no ``typeof``, no allocation, no numba-cuda dispatcher on that path.
+
+Fields live in device memory; every kernel receives one pointer to the runtime context, a table
+of field data pointers, instead of one parameter per field (lowering/device.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+from numba.core import types
+
+from .. import config
+from ..errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsTypeError, take_pending
+from ..lowering import device
+from . import cuda_tasks
+
+BLOCK_SIZE = 256
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result, what):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        drv = _driver()
+        _, name = drv.cuGetErrorName(err)
+        raise QuadrantsRuntimeError(f"CUDA driver error in {what}: {name.decode() if name else err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+# -- the runtime: device, context table ---------------------------------------------------------------
+
+class CudaRuntime:
+    """Process-wide CUDA state: the device, the field context table, loaded modules."""
+
+    _instance = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        from numba import cuda
+
+        from .cuda_compile import cuda_available, install_cuda_ufunc_math_fallbacks
+
+        if not cuda_available():
+            raise QuadrantsRuntimeError("the CUDA backend needs an NVIDIA GPU and a CUDA driver; none was found")
+        self.cuda = cuda
+        self.context = cuda.current_context()
+        dev = self.context.device
+        self.cc = tuple(dev.compute_capability)
+        self.sm_count = int(dev.MULTIPROCESSOR_COUNT)
+        self.max_grid = self.sm_count * (2048 // BLOCK_SIZE)
+        install_cuda_ufunc_math_fallbacks()
+        self._slots = {}                # id(field) -> slot
+        self._fields = []               # keep fields alive while they have a slot
+        self._table_host = np.zeros(1024, np.uint64)
+        self._table_dev = cuda.to_device(self._table_host)
+        self.ctx_ptr = int(self._table_dev.device_ctypes_pointer.value)
+        self.plan_builds = 0
+        self.seed_rng(config.current.random_seed)
+
+    def seed_rng(self, seed) -> None:
+        """One xorshift32 state per thread of the largest grid (``qd.random`` on the device)."""
+        gen = np.random.default_rng(seed)
+        states = gen.integers(1, 2**32, self.max_grid * BLOCK_SIZE, dtype=np.uint64).astype(np.uint32)
+        self._rng_dev = self.cuda.to_device(states)
+        self.rng_ptr = int(self._rng_dev.device_ctypes_pointer.value)
+
+    @classmethod
+    def get(cls) -> CudaRuntime:
+        if cls._instance is None:
+            with cls._lock:
+                if cls._instance is None:
+                    cls._instance = CudaRuntime()
+        return cls._instance
+
+    def slot_of(self, field) -> int:
+        key = id(field)
+        slot = self._slots.get(key)
+        if slot is not None:
+            return slot
+        with self._lock:
+            ensure_device(field)
+            slot = len(self._fields)
+            if slot >= len(self._table_host):
+                grown = np.zeros(2 * len(self._table_host), np.uint64)
+                grown[:slot] = self._table_host[:slot]
+                self._table_host = grown
+                self._table_dev = self.cuda.to_device(self._table_host)
+                self.ctx_ptr = int(self._table_dev.device_ctypes_pointer.value)
+            self._table_host[slot] = field._dev.device_ctypes_pointer.value
+            self._table_dev[slot:slot + 1].copy_to_device(self._table_host[slot:slot + 1])
+            self._fields.append(field)
+            self._slots[key] = slot
+        return slot
+
+    def load_function(self, cubin: bytes, entry: str):
+        drv = _driver()
+        self.context  # noqa: B018  (numba made the primary context current in this thread)
+        module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+        fn = _check(drv.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
+        err, dptr, size = drv.cuModuleGetGlobal(module, device.RNG_STATES_SYMBOL.encode())
+        if int(err) == 0:  # the module uses qd.random: point it at the generator states
+            value = ctypes.c_uint64(self.rng_ptr)
+            _check(drv.cuMemcpyHtoD(dptr, ctypes.addressof(value), 8), "cuMemcpyHtoD")
+        return module, fn
+
+
+# -- device storage of fields and qd.ndarrays --------------------------------------------------------
+
+def ensure_device(data) -> None:
+    """Give a field/qd.ndarray its device buffer (from its host data, the first time)."""
+    if data._dev is None:
+        rt = CudaRuntime.get()
+        data._dev = rt.cuda.to_device(np.ascontiguousarray(data._arr))
+
+
+# -- arguments -------------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(t):
+    key = t.dtype
+    dt = _TORCH_DTYPES.get(key)
+    if dt is None:
+        dt = _TORCH_DTYPES[key] = np.dtype(str(key).replace("torch.", ""))
+    return dt
+
+
+class ArrayView:
+    """What the launcher needs of an ndarray argument."""
+
+    __slots__ = ("dtype", "shape", "strides", "ptr", "readonly", "host", "keep")
+
+    def __init__(self, dtype, shape, strides, ptr, readonly, host=None, keep=None):
+        self.dtype, self.shape, self.strides, self.ptr = dtype, shape, strides, ptr
+        self.readonly, self.host, self.keep = readonly, host, keep
+
+    @property
+    def c_contiguous(self) -> bool:
+        step = self.dtype.itemsize
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != step:
+                return False
+            step *= n
+        return True
+
+
+def array_view(a, where: str) -> ArrayView:
+    from ..field import Ndarray
+
+    if isinstance(a, Ndarray):
+        ensure_device(a)
+        a = a._dev
+    if isinstance(a, np.ndarray):
+        rt = CudaRuntime.get()
+        dev = rt.cuda.to_device(np.ascontiguousarray(a))
+        return ArrayView(a.dtype, a.shape, dev.strides, int(dev.device_ctypes_pointer.value),
+                         not a.flags.writeable, host=a, keep=dev)
+    mod = type(a).__module__
+    if mod.startswith("torch"):
+        if not a.is_cuda:
+            raise QuadrantsTypeError(f"{where}: a CPU torch tensor cannot be passed to a CUDA kernel; "
+                                     "use .cuda() or a numpy array")
+        dt = _torch_dtype(a)
+        return ArrayView(dt, tuple(a.shape), tuple(s * dt.itemsize for s in a.stride()), a.data_ptr(), False,
+                         keep=a)
+    if hasattr(a, "device_ctypes_pointer"):   # numba-cuda DeviceNDArray
+        return ArrayView(a.dtype, tuple(a.shape), tuple(a.strides), int(a.device_ctypes_pointer.value or 0), False,
+                         keep=a)
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        dt = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        if strides is None:
+            strides, step = [], dt.itemsize
+            for n in reversed(shape):
+                strides.append(step)
+                step *= n
+            strides = tuple(reversed(strides))
+        ptr, readonly = cai["data"]
+        return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+    raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "
+                             f"numba-cuda), got {type(a).__name__}")
+
+
+def _view_type(where, spec, view, debug):
+    """The Numba type of an ndarray argument, through the CPU typing of an equivalent numpy view."""
+    from ..kernel import _ndarray_type
+
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, view.dtype), shape=view.shape,
+                                               strides=[0] * len(view.shape))
+    stand_in = np.ascontiguousarray(stand_in) if view.c_contiguous else stand_in
+    if view.readonly:
+        stand_in = stand_in.view()
+        stand_in.flags.writeable = False
+    ty = _ndarray_type(where, spec, stand_in, False)
+    if not view.c_contiguous:
+        ty = ty.copy(layout="A") if isinstance(ty, types.Array) else ty
+    return ty
+
+
+# -- cells: one ctypes value per kernel parameter slot -------------------------------------------------
+
+_CTYPES = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
+           "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": ctypes.c_uint64,
+           "f": ctypes.c_float, "d": ctypes.c_double, "e": ctypes.c_uint16}
+
+
+class TaskLaunch:
+    """One task of a plan: its function, launch shape and parameter array."""
+
+    __slots__ = ("task", "fn", "module", "argv_array", "argv", "grid", "block", "total_index", "compiled")
+
+    def __init__(self, task, fn, module, argv_array, grid, block, total_index, compiled):
+        self.task, self.fn, self.module = task, fn, module
+        self.argv_array = argv_array                    # keeps the void*[] alive
+        self.argv = ctypes.addressof(argv_array)
+        self.grid, self.block, self.total_index, self.compiled = grid, block, total_index, compiled
+
+
+class LaunchPlan:
+    """Everything one kernel instance needs to launch: built once, replayed on every call."""
+
+    def __init__(self, kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, ret):
+        self.kernel, self.state, self.launches = kernel, state, launches
+        self.cells = cells                  # runtime param name -> list of ctypes cells
+        self.params = params                # (name, kind) per kernel parameter, call order
+        self.totals_fn = totals_fn
+        self.static_totals = static_totals
+        self.tmp_dev = tmp_dev
+        self.ret = ret                      # (byte offset, numpy dtype) or None
+        self.tasks = [launch.task for launch in launches]
+        self._last = {}
+
+    def launch(self, args, views):
+        drv = _driver()
+        rt = CudaRuntime.get()
+        ctx_cell = self.cells[cuda_tasks.PARAM_CTX][0]
+        if ctx_cell.value != rt.ctx_ptr:
+            ctx_cell.value = rt.ctx_ptr
+        runtime_values = []
+        for (name, kind), a in zip(self.params, args):
+            if kind == "template":
+                continue
+            runtime_values.append(a)
+            cells = self.cells.get(name)
+            if cells is None:
+                continue
+            if kind == "scalar":
+                cells[0].value = a
+            else:
+                v = views[name]
+                key = (v.ptr, v.shape, v.strides)
+                if self._last.get(name) != key:
+                    self._last[name] = key
+                    nitems = 1
+                    for n in v.shape:
+                        nitems *= n
+                    values = (0, 0, nitems, v.dtype.itemsize, v.ptr, *v.shape, *v.strides)
+                    for cell, value in zip(cells, values):
+                        cell.value = value
+        totals = self.static_totals
+        if self.totals_fn is not None:
+            totals = self.totals_fn(tuple(runtime_values))
+        for launch in self.launches:
+            grid = launch.grid
+            if launch.total_index is not None and totals is not None:
+                total = totals[launch.total_index]
+                if total is not None:
+                    if total <= 0:
+                        continue
+                    grid = min(-(-total // launch.block), rt.max_grid)
+            err = drv.cuLaunchKernel(launch.fn, grid, 1, 1, launch.block, 1, 1, 0, 0, launch.argv, 0)
+            if err[0] != 0:
+                _check(err, f"launching {launch.task.name}")
+
+
+class CudaKernel:
+    """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.plans = {}
+        self.lock = threading.RLock()
+
+    # -- the call path ---------------------------------------------------------------------------
+    def call(self, args):
+        kernel = self.kernel
+        views, key = self._spec(args)
+        plan = self.plans.get(key)
+        if plan is None:
+            with self.lock:
+                plan = self.plans.get(key)
+                if plan is None:
+                    plan = self.plans[key] = self._build(args, views)
+        plan.launch(args, views)
+        result = None
+        for name, v in views.items():
+            if v.host is not None and not v.readonly:
+                v.keep.copy_to_host(v.host)
+        if plan.ret is not None:
+            off, dt = plan.ret
+            raw = plan.tmp_dev[off:off + dt.itemsize].copy_to_host()
+            result = raw.view(dt)[0].item()
+            rt = kernel.return_type
+            if isinstance(rt, types.Integer):
+                result = int(result)
+            elif isinstance(rt, types.Float):
+                result = float(result)
+            elif isinstance(rt, types.Boolean):
+                result = bool(result)
+        return result
+
+    def plan_for(self, args):
+        """The launch plan these arguments select (built if needed), without launching."""
+        views, key = self._spec(args)
+        with self.lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = self.plans[key] = self._build(args, views)
+        return plan
+
+    def _spec(self, args):
+        kernel = self.kernel
+        views, key = {}, []
+        for p, a in zip(kernel.params, args):
+            if p.kind == "ndarray":
+                v = array_view(a, f"kernel '{kernel.name}', argument '{p.name}'")
+                views[p.name] = v
+                key.append((v.dtype, len(v.shape), v.c_contiguous, v.readonly))
+            elif p.kind == "template":
+                from ..kernel import template_key
+
+                key.append(template_key(a))
+            elif p.kind == "scalar":
+                _check_scalar(kernel, p, a)
+        return views, tuple(key)
+
+    # -- building a plan ------------------------------------------------------------------------
+    def _build(self, args, views):
+        from ..kernel import _wrap_numba_error
+
+        kernel = self.kernel
+        try:
+            return build_plan(kernel, args, views)
+        except QuadrantsError:
+            raise
+        except Exception as e:
+            from numba.core import errors as numba_errors
+
+            if config.current.raw_errors or not _is_numba_error(e, numba_errors):
+                raise
+            raise _wrap_numba_error(kernel.name, e, take_pending()) from None
+
+
+def _is_numba_error(e, numba_errors):
+    if isinstance(e, numba_errors.NumbaError):
+        return True
+    try:
+        from numba.cuda.core import errors as cuda_errors
+    except ImportError:
+        return False
+    return isinstance(e, cuda_errors.NumbaError)
+
+
+def _check_scalar(kernel, p, a):
+    from ..kernel import _NUMBER_TYPES, _INT_TYPES
+
+    if type(a) not in (_INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES):
+        where = f"kernel '{kernel.name}', argument '{p.name}'"
+        if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
+            raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
+        raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+
+
+def field_token(field):
+    from ..field import Ndarray
+    from ..typing.field import FieldType
+
+    fty = FieldType(field.dtype, len(field.shape), field.elem_type, "C",
+                    kind="field" if not isinstance(field, Ndarray) else "ndarray")
+    return device.TypeToken(fty, tuple(field.shape) + tuple(field.element_shape))
+
+
+def compile_state(kernel, param_types, templates):
+    """Run the untyped pipeline on numba-cuda's IR classes."""
+    from ..kernel import run_untyped_pipeline
+    from ..passes.base import CompileState, IRTools, copy_ir
+
+    tools = IRTools.for_cuda()
+    runtime_params = [p.name for p in kernel.params if p.kind != "template"]
+    cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+    state = CompileState(tools=tools, func_ir=copy_ir(tools.ir, kernel.frontend_ir(tools)), kernel_name=kernel.name,
+                         config=cfg, runtime_params=runtime_params, param_types=param_types,
+                         template_values=templates, kernel_qualname=kernel.qualname)
+    take_pending()
+    run_untyped_pipeline(state)
+    return state
+
+
+def compile_tasks(kernel, state, cc, field_slot):
+    """Compile every task kernel to a cubin, in program order. Returns (plan_ir, [(unit, compiled)])."""
+    from .cuda_compile import compile_task_to_cubin
+
+    plan_ir = cuda_tasks.plan(state, kernel.return_type is not None)
+    temp_types, out = {}, []
+    debug = config.current.debug
+    for unit in plan_ir.units:
+        tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
+        if config.current.print_ir:
+            import sys
+
+            print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
+            tk.func_ir.dump()
+        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.runtime_args]
+        compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug)
+        typemap = compiled.typemap or {}
+        for name in unit.stores:
+            temp_types[name] = _lookup_type(typemap, name, unit.task)
+        if unit.ret_var is not None:
+            temp_types["$qd_return"] = _lookup_type(typemap, unit.ret_var, unit.task)
+        out.append((unit, tk, compiled))
+    return plan_ir, out, temp_types
+
+
+def compile_check(kernel, param_types, templates, cc=(9, 0)):
+    """Compile every task of this kernel instance for CUDA down to cubins, without a GPU.
+
+    Fields get placeholder context slots (no device memory is touched). Returns the compiled
+    tasks (None for a kernel GPU targets reject by design, see GpuUnsupportedError); raises what
+    a real CUDA compile would raise."""
+    state = compile_state(kernel, param_types, templates)
+    slots = {}
+    try:
+        _, compiled, _ = compile_tasks(kernel, state, cc, lambda f: slots.setdefault(id(f), len(slots)))
+    except cuda_tasks.GpuUnsupportedError:
+        return None
+    return compiled
+
+
+def _lookup_type(typemap, name, task):
+    if name in typemap:
+        return types.unliteral(typemap[name])
+    versions = [t for n, t in typemap.items() if n.split(".")[0] == name]
+    if versions:
+        return types.unliteral(versions[-1])
+    raise QuadrantsRuntimeError(f"internal error: no type for '{name}' in {task.name}")
+
+
+def build_plan(kernel, args, views) -> LaunchPlan:
+    rt = CudaRuntime.get()
+    param_types, templates = {}, {}
+    for p, a in zip(kernel.params, args):
+        where = f"kernel '{kernel.name}', argument '{p.name}'"
+        if p.kind == "template":
+            templates[p.name] = a
+        elif p.kind == "scalar":
+            param_types[p.name] = p.nbtype
+        else:
+            param_types[p.name] = _view_type(where, p.annotation, views[p.name], False)
+    state = compile_state(kernel, param_types, templates)
+    plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, rt.slot_of)
+    rt.plan_builds += 1
+    kernel.compile_count += 1
+
+    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(rt.ctx_ptr)]}
+    tmp_bytes = max(1, plan_ir.temp_slots) * device.TEMP_SLOT_BYTES
+    tmp_dev = rt.cuda.device_array(tmp_bytes, np.uint8)
+    cells[cuda_tasks.PARAM_TMP] = [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]
+    for _, tk, c in compiled:
+        for name in tk.runtime_args:
+            if name not in cells:  # same Numba type in every task -> same slots
+                cells[name] = [_CTYPES[s.fmt]() for s in c.param_layout if s.arg_name == name]
+    launches = []
+    range_index = 0
+    for unit, tk, c in compiled:
+        module, fn = rt.load_function(c.cubin, c.entry_name)
+        order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP] + tk.runtime_args
+        ptrs = [ctypes.addressof(cell) for name in order for cell in cells[name]]
+        argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        if unit.kind == "range_for" and not unit.task.serialize:
+            grid, block, total_index = rt.max_grid, BLOCK_SIZE, range_index
+        else:
+            grid, block, total_index = 1, 1, None
+        if unit.kind == "range_for":
+            range_index += 1
+        launches.append(TaskLaunch(unit.task, fn, module, argv, grid, block, total_index, c))
+    # iteration counts on the host
+    param_ndims = {}
+    for name, ty in param_types.items():
+        param_ndims[name] = getattr(ty, "ndim", None)
+    units = [u for u, _, _ in compiled]
+    src, env = cuda_tasks.totals_source(state, units, param_ndims)
+    totals_fn, static_totals = None, None
+    if src is not None:
+        ns = dict(env)
+        exec(compile(src, f"<qd_numba totals {kernel.name}>", "exec"), ns)
+        fn = ns["totals"]
+        if "args[" in src:
+            totals_fn = fn
+        else:
+            static_totals = fn(())
+    ret = None
+    if plan_ir.ret_slot is not None:
+        from numba.np.numpy_support import as_dtype
+
+        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, as_dtype(temp_types["$qd_return"]))
+    params = [(p.name, p.kind) for p in kernel.params]
+    return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, ret)

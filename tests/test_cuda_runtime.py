@@ -1,0 +1,192 @@
+"""The CUDA target on a real GPU: device fields, ndarray arguments of every kind, the launch
+cache, values passed between tasks, return values, errors.
+
+Every test here needs a GPU (``-m cuda``); the rest of the suite also runs on the GPU with
+``pytest --arch=cuda``. References are numpy on random data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qd_numba as qd
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module", autouse=True)
+def on_cuda():
+    qd.init(arch=qd.cuda)
+    yield
+    qd.init(arch=qd.cpu)
+
+
+@qd.kernel
+def axpy(x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1), a: qd.f32):
+    for i in range(x.shape[0]):
+        y[i] = a * x[i] + y[i]
+
+
+def _plans():
+    from qd_numba.targets.cuda import CudaRuntime
+
+    return CudaRuntime.get().plan_builds
+
+
+def test_numpy_arguments_are_copied_back(rng):
+    x = rng.uniform(-1, 1, 1000).astype(np.float32)
+    y = rng.uniform(-1, 1, 1000).astype(np.float32)
+    ref = 2.5 * x + y
+    axpy(x, y, 2.5)
+    np.testing.assert_allclose(y, ref, rtol=1e-6)
+
+
+def test_launch_cache_is_reused(rng):
+    from numba import cuda
+
+    x = cuda.to_device(rng.uniform(-1, 1, 4096).astype(np.float32))
+    y0 = rng.uniform(-1, 1, 4096).astype(np.float32)
+    y = cuda.to_device(y0)
+    axpy(x, y, 1.0)
+    before = _plans()
+    for _ in range(10):
+        axpy(x, y, 1.0)
+    assert _plans() == before  # same spec: no new plan, no typing
+    np.testing.assert_allclose(y.copy_to_host(), y0 + 11 * x.copy_to_host(), rtol=1e-5)
+    # another length is the same spec (shape is not part of it): still no new plan
+    x2 = cuda.to_device(rng.uniform(-1, 1, 77).astype(np.float32))
+    y2 = cuda.to_device(np.zeros(77, np.float32))
+    axpy(x2, y2, 3.0)
+    assert _plans() == before
+    np.testing.assert_allclose(y2.copy_to_host(), 3.0 * x2.copy_to_host(), rtol=1e-6)
+
+
+def test_torch_tensors_in_place(rng):
+    torch = pytest.importorskip("torch")
+    x = torch.tensor(rng.uniform(-1, 1, 3000), dtype=torch.float32, device="cuda")
+    y = torch.tensor(rng.uniform(-1, 1, 3000), dtype=torch.float32, device="cuda")
+    ref = (0.5 * x + y).cpu().numpy()
+    ptr = y.data_ptr()
+    axpy(x, y, 0.5)
+    qd.sync()
+    assert y.data_ptr() == ptr
+    np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=1e-6)
+
+
+def test_cupy_arrays_in_place(rng):
+    cp = pytest.importorskip("cupy")
+    x = cp.asarray(rng.uniform(-1, 1, 3000).astype(np.float32))
+    y = cp.asarray(rng.uniform(-1, 1, 3000).astype(np.float32))
+    ref = cp.asnumpy(-1.5 * x + y)
+    axpy(x, y, -1.5)
+    qd.sync()
+    np.testing.assert_allclose(cp.asnumpy(y), ref, rtol=1e-6)
+
+
+def test_strided_torch_view(rng):
+    torch = pytest.importorskip("torch")
+    base = torch.tensor(rng.uniform(-1, 1, (64, 8)), dtype=torch.float32, device="cuda")
+    x = base[:, 3]          # non-contiguous
+    y = torch.zeros(64, dtype=torch.float32, device="cuda")
+    axpy(x, y, 2.0)
+    qd.sync()
+    np.testing.assert_allclose(y.cpu().numpy(), 2.0 * base[:, 3].cpu().numpy(), rtol=1e-6)
+
+
+
+
+def test_fields_live_on_device(rng):
+    f = qd.field(qd.f64, shape=(50, 3))
+    g = qd.Vector.field(3, qd.f32, shape=(50,))
+    d = rng.uniform(-2, 2, (50, 3))
+    f.from_numpy(d)
+
+    @qd.kernel
+    def fill_vec():
+        for i in g:
+            for k in qd.static(range(3)):
+                g[i][k] = f[i, k] * 2.0
+
+    fill_vec()
+    np.testing.assert_allclose(g.to_numpy(), (d * 2).astype(np.float32), rtol=1e-6)
+    assert f._dev is not None and g._dev is not None
+    # python-scope element access goes to device memory
+    f[3, 1] = 7.25
+    assert f[3, 1] == 7.25
+    np.testing.assert_allclose(g[4], (d[4] * 2).astype(np.float32), rtol=1e-6)
+
+
+def test_serial_values_and_return(rng):
+    x = qd.field(qd.f32, shape=(256,))
+    d = rng.uniform(0, 1, 256).astype(np.float32)
+    x.from_numpy(d)
+    total = qd.field(qd.f32, shape=())
+
+    @qd.kernel
+    def scaled_sum(k: qd.f32) -> qd.f32:
+        total[None] = 0.0
+        s = x[0] * k                        # a value loaded in serial code, used by the next loop
+        for i in x:
+            total[None] += x[i] * s
+        return total[None] + 1.0
+
+    got = scaled_sum(3.0)
+    ref = float(np.sum(d.astype(np.float64) * d[0] * 3.0) + 1.0)
+    assert got == pytest.approx(ref, rel=1e-4)
+
+
+def test_atomics_all_dtypes(rng):
+    v = rng.integers(-50, 50, 5000).astype(np.int32)
+    w = rng.uniform(-1, 1, 5000)
+    acc_i = qd.field(qd.i32, shape=(4,))
+    acc_f = qd.field(qd.f64, shape=(2,))
+
+    @qd.kernel
+    def reduce_all(v: qd.types.ndarray(dtype=qd.i32, ndim=1), w: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        for i in range(v.shape[0]):
+            acc_i[0] += v[i]
+            qd.atomic_max(acc_i[1], v[i])
+            qd.atomic_min(acc_i[2], v[i])
+            acc_i[3] ^= v[i]
+            acc_f[0] += w[i]
+            qd.atomic_max(acc_f[1], w[i])
+
+    acc_i.from_numpy(np.array([0, -1000, 1000, 0], np.int32))
+    acc_f.from_numpy(np.array([0.0, -10.0]))
+    reduce_all(v, w)
+    np.testing.assert_array_equal(acc_i.to_numpy(), [v.sum(), v.max(), v.min(), np.bitwise_xor.reduce(v)])
+    np.testing.assert_allclose(acc_f.to_numpy(), [w.sum(), w.max()], rtol=1e-10)
+
+
+def test_wrong_dtype_is_our_error():
+    from numba import cuda
+
+    x = cuda.to_device(np.zeros(8, np.float64))
+    y = cuda.to_device(np.zeros(8, np.float32))
+    with pytest.raises(qd.QuadrantsTypeError, match="axpy.*'x'.*float32"):
+        axpy(x, y, 1.0)
+
+
+def test_cpu_torch_tensor_is_our_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(qd.QuadrantsTypeError, match="CPU torch tensor"):
+        axpy(torch.zeros(4), torch.zeros(4), 1.0)
+
+
+def test_njit_device_function(rng):
+    import numba
+
+    @numba.njit
+    def smooth(a, b):
+        return 0.5 * (a + b)
+
+    @qd.kernel
+    def blur(x: qd.types.ndarray(dtype=qd.f64, ndim=1), out: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        for i in range(1, x.shape[0] - 1):
+            out[i] = smooth(x[i - 1], x[i + 1])
+
+    x = rng.uniform(-1, 1, 500)
+    out = np.zeros(500)
+    blur(x, out)
+    np.testing.assert_allclose(out[1:-1], 0.5 * (x[:-2] + x[2:]), rtol=1e-12)

@@ -1,0 +1,148 @@
+"""How a kernel splits into CUDA task kernels (no GPU needed): which tasks launch, which values
+are recomputed or passed through temporaries, the host-side iteration counts, and the kernels
+GPU targets reject. The numbers are checked against independent Python/numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba.core import types
+
+import qd_numba as qd
+from qd_numba.targets.cuda_compile import numba_cuda_importable
+
+pytestmark = pytest.mark.skipif(not numba_cuda_importable(), reason="needs numba-cuda")
+
+
+def _split(kernel, param_types, templates=None):
+    from qd_numba.targets import cuda as qc
+    from qd_numba.targets import cuda_tasks
+
+    state = qc.compile_state(kernel, param_types, templates or {})
+    slots = {}
+    plan_ir, compiled, temp_types = qc.compile_tasks(kernel, state, (9, 0),
+                                                     lambda f: slots.setdefault(id(f), len(slots)))
+    return state, plan_ir, compiled, temp_types, cuda_tasks
+
+
+xs = qd.field(qd.f32, shape=(64,))
+total = qd.field(qd.f32, shape=())
+
+
+@qd.kernel
+def scaled_sum(k: qd.f32) -> qd.f32:
+    total[None] = 0.0
+    s = xs[0] * k
+    for i in xs:
+        total[None] += xs[i] * s
+    return total[None] + 1.0
+
+
+def test_value_from_serial_code_goes_through_a_temporary(rng):
+    _, plan_ir, compiled, temp_types, _ = _split(scaled_sum, {"k": types.float32})
+    units = [u for u, _, _ in compiled]
+    assert [u.kind for u in units] == ["serial", "range_for", "serial"]
+    assert set(units[0].stores) == {"s"} and set(units[1].loads) == {"s"}
+    assert units[0].stores["s"] == units[1].loads["s"]
+    assert units[2].returns and plan_ir.ret_slot is not None
+    assert temp_types["s"] == types.float32        # f32 field element * f32 argument
+    for _, tk, c in compiled:
+        assert c.cubin[:4] == b"\x7fELF" and c.entry_name in c.ptx
+        assert [s.arg_name for s in c.param_layout[:2]] == ["qd_ctx", "qd_tmp"]
+    # the same kernel on the CPU, against numpy
+    d = rng.uniform(0, 1, 64).astype(np.float32)
+    xs.from_numpy(d)
+    got = scaled_sum(3.0)
+    ref = float(np.sum(d.astype(np.float64) * np.float64(d[0] * np.float32(3.0))) + 1.0)
+    assert got == pytest.approx(ref, rel=1e-5)
+
+
+@qd.kernel
+def pure_bounds(a: qd.types.ndarray(dtype=qd.f64, ndim=1), b: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+    n = a.shape[0] - 1
+    for i in range(n):
+        b[i] = a[i + 1] - a[i]
+
+
+def test_pure_values_are_recomputed_not_stored(rng):
+    _, plan_ir, compiled, _, _ = _split(pure_bounds, {"a": types.float64[::1], "b": types.float64[::1]})
+    units = [u for u, _, _ in compiled]
+    assert [u.kind for u in units] == ["range_for"]
+    assert not units[0].loads and plan_ir.temp_slots == 0
+    a = rng.uniform(-1, 1, 40)
+    b = np.zeros(40)
+    pure_bounds(a, b)
+    np.testing.assert_allclose(b[:-1], np.diff(a), rtol=1e-12)
+
+
+vecs = qd.Vector.field(3, qd.f32, shape=(5, 7))
+
+
+@qd.kernel
+def many_spaces(a: qd.types.ndarray(dtype=qd.f32, ndim=2), lo: qd.i32, step: qd.i32,
+                v: qd.types.ndarray(dtype=qd.types.vector(2, qd.f32), ndim=1)):
+    for i in range(lo, a.shape[0], step):
+        a[i, 0] = 1.0
+    for i, j in qd.ndrange((1, a.shape[0]), a.shape[1] - 1):
+        a[i, j] += 1.0
+    for i in v:
+        v[i][0] = 2.0
+    for I in qd.grouped(vecs):
+        vecs[I][1] = 3.0
+
+
+def test_host_iteration_counts_match_python(rng):
+    param_types = {"a": types.float32[:, ::1], "lo": types.int32, "step": types.int32,
+                   "v": None}
+    from qd_numba.kernel import _ndarray_type
+
+    v = np.zeros((11, 2), np.float32)
+    param_types["v"] = _ndarray_type("v", many_spaces.params[3].annotation, v, False)
+    state, plan_ir, compiled, _, cuda_tasks = _split(many_spaces, param_types)
+    units = [u for u, _, _ in compiled]
+    ndims = {name: getattr(ty, "ndim", None) for name, ty in param_types.items()}
+    src, env = cuda_tasks.totals_source(state, units, ndims)
+    ns = dict(env)
+    exec(compile(src, "<totals>", "exec"), ns)
+    for _ in range(5):
+        rows, cols = int(rng.integers(1, 30)), int(rng.integers(1, 9))
+        lo, step = int(rng.integers(-3, 10)), int(rng.integers(1, 4))
+        a = np.zeros((rows, cols), np.float32)
+        n_v = int(rng.integers(0, 20))
+        v = np.zeros((n_v, 2), np.float32)
+        got = ns["totals"]((a, lo, step, v))
+        ref = (len(range(lo, rows, step)), max(0, rows - 1) * max(0, cols - 1), n_v, 5 * 7)
+        assert got == ref
+        # and the CPU run touches exactly those iterations
+        many_spaces(a, lo, step, v)
+        assert (a[:, 0] >= 1).sum() >= len([i for i in range(lo, rows, step) if 0 <= i < rows]) - 0
+        assert np.all(v[:, 0] == 2.0)
+
+
+@qd.kernel
+def conditional_loop(a: qd.types.ndarray(dtype=qd.f64, ndim=1), c: qd.f64):
+    if c > 0:
+        for i in range(a.shape[0]):
+            a[i] = a[i] * c
+
+
+def test_loop_under_runtime_condition_is_rejected_on_gpu(rng):
+    from qd_numba.targets.cuda_tasks import GpuUnsupportedError
+
+    with pytest.raises(GpuUnsupportedError, match="conditional_loop.*qd.static"):
+        _split(conditional_loop, {"a": types.float64[::1], "c": types.float64})
+    # the CPU runs it
+    a = rng.uniform(-1, 1, 9)
+    ref = a * 2.0
+    conditional_loop(a, 2.0)
+    np.testing.assert_allclose(a, ref, rtol=1e-12)
+    conditional_loop(a, -1.0)
+    np.testing.assert_allclose(a, ref, rtol=1e-12)
+
+
+def test_every_range_for_task_takes_ctx_and_tmp_first():
+    _, _, compiled, _, _ = _split(pure_bounds, {"a": types.float64[::1], "b": types.float64[::1]})
+    (_, tk, c), = compiled
+    assert tk.runtime_args == ["a", "b"]
+    names = [s.arg_name for s in c.param_layout]
+    assert names[:2] == ["qd_ctx", "qd_tmp"] and names.count("a") == 7 and names.count("b") == 7

@@ -1,0 +1,78 @@
+"""Element access on ndarray arguments without negative-index wraparound.
+
+``a[i]`` on a Numba array wraps a negative index around (``i < 0 ? i + n : i``). In a kernel
+the index is an iteration-space value whose sign LLVM cannot prove, so every access carries a
+compare and a select, and the loop is not vectorised (saxpy ran at half the speed of a Numba
+``prange``; bench/cpu_bench.py). Quadrants has no wraparound: a negative index is out of
+bounds. :func:`array_load` / :func:`array_store` compute the element address directly when
+the index selects one element of a plain array (one integer per dimension); any other index
+(slices, vector indices, a partial index giving a view) is the ordinary ``a[i]``.
+
+passes/array_access.py rewrites kernel accesses to these helpers (not with ``debug=True``,
+where Numba's bounds checks stay in place).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .field import _index_arity, _index_values
+
+
+def _is_element_access(arr, idx) -> bool:
+    return isinstance(arr, types.Array) and arr.ndim >= 1 and _index_arity(idx) == arr.ndim
+
+
+def _element_pointer(context, builder, arrty, arrval, idxty, idxval):
+    ary = context.make_array(arrty)(context, builder, arrval)
+    shape = cgutils.unpack_tuple(builder, ary.shape, arrty.ndim)
+    strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
+    raw, raw_types = _index_values(builder, idxty, idxval)
+    inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
+    return cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)
+
+
+def _fallback(typingctx, fn, argtys):
+    """(signature, codegen) of the ordinary ``fn(*args)`` (operator.getitem / setitem)."""
+    fnty = typingctx.resolve_value_type(fn)
+    sig = typingctx.resolve_function_type(fnty, argtys, {})
+    if sig is None:
+        return None
+
+    def codegen(context, builder, _sig, args):
+        impl = context.get_function(fnty, sig)
+        cast = [context.cast(builder, v, t, ft) for v, t, ft in zip(args, argtys, sig.args)]
+        return impl(builder, cast)
+
+    return sig.return_type(*argtys), codegen
+
+
+@intrinsic
+def array_load(typingctx, arr, idx):
+    """``arr[idx]``; one element of an array: no wraparound."""
+    if not _is_element_access(arr, idx):
+        return _fallback(typingctx, operator.getitem, (arr, idx))
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        return context.unpack_value(builder, sig.return_type, ptr)
+
+    return arr.dtype(arr, idx), codegen
+
+
+@intrinsic
+def array_store(typingctx, arr, idx, value):
+    """``arr[idx] = value``; one element of a writable array: no wraparound."""
+    if not _is_element_access(arr, idx) or not arr.mutable or not typingctx.can_convert(value, arr.dtype):
+        return _fallback(typingctx, operator.setitem, (arr, idx, value))
+
+    def codegen(context, builder, sig, args):
+        arrty, idxty, valty = sig.args
+        ptr = _element_pointer(context, builder, arrty, args[0], idxty, args[1])
+        context.pack_value(builder, arrty.dtype, context.cast(builder, args[2], valty, arrty.dtype), ptr)
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, value), codegen

@@ -208,7 +208,7 @@ class Kernel:
             self.return_type = dtypes.to_numba(returns)
         self._instances = {}
         self._lock = threading.RLock()
-        self._ir = None
+        self._ir = {}
         self.compile_count = 0
         self.last_instance = None
         self._caller = self._make_caller()
@@ -219,7 +219,18 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if kwargs or len(args) != len(self.params):
             args = self._bind(args, kwargs)
+        if config.current.arch != "cpu":
+            return self._gpu().call(args)
         return self._caller(*args)
+
+    def _gpu(self):
+        """The kernel's launch plans on the current GPU target (targets/cuda.py)."""
+        gpu = self.__dict__.get("_gpu_kernel")
+        if gpu is None:
+            from .targets.cuda import CudaKernel
+
+            gpu = self._gpu_kernel = CudaKernel(self)
+        return gpu
 
     def _bind(self, args, kwargs):
         try:
@@ -313,9 +324,11 @@ class Kernel:
 
     # -- compilation ---------------------------------------------------------------------------------
     def frontend_ir(self, tools):
-        if self._ir is None:
-            self._ir = _frontend(tools, self.fn, self.name)
-        return self._ir
+        """The bytecode frontend's IR, per IR flavour (numba.core for CPU, numba.cuda.core)."""
+        key = id(tools.ir)
+        if key not in self._ir:
+            self._ir[key] = _frontend(tools, self.fn, self.name)
+        return self._ir[key]
 
     def _compile(self, param_types, templates) -> Instance:
         from .targets import cpu
@@ -334,6 +347,10 @@ class Kernel:
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
             cres = cpu.compile_driver(driver, argtypes, cfg.debug)
+            if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
+                from .targets.cuda import compile_check
+
+                compile_check(self, param_types, templates)
         except QuadrantsError as e:
             if take_pending() is e:  # raised inside Numba's typing, which let it through: not located yet
                 raise located(type(e), str(e), self.name, _typing_loc(e)) from None
@@ -352,6 +369,8 @@ class Kernel:
         """The Tasks of the instance these arguments select (compiling it if needed)."""
         if kwargs or len(args) != len(self.params):
             args = self._bind(args, kwargs)
+        if config.current.arch != "cpu":
+            return list(self._gpu().plan_for(args).tasks)
         args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
         types_, templates = self._argument_types(args)
         key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)

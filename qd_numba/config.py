@@ -30,6 +30,16 @@ def env_flag(name: str, default: bool = False) -> bool:
     raise ValueError(f"{name}={raw!r}: expected one of 1/on/true/yes or 0/off/false/no")
 
 
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+
+
 @dataclasses.dataclass
 class Config:
     arch: str = "cpu"
@@ -41,14 +51,24 @@ class Config:
     raw_errors: bool = False            # QD_RAW_ERRORS: let Numba's exceptions through
     random_seed: int | None = None
     cuda_compile_check: bool = False    # QD_CUDA_COMPILE_CHECK: also compile every CPU kernel for CUDA (no GPU)
-
-    def for_kernel(self, *, fuse=None, graph=False):
-        """This config as one kernel sees it (per-kernel overrides; see the fusion options)."""
-        return self
+    aggressive_kernel_fusion: bool = False       # QD_AGGRESSIVE_KERNEL_FUSION: fuse adjacent range-for tasks
+    aggressive_kernel_fusion_raw: bool = True    # QD_AGGRESSIVE_KERNEL_FUSION_RAW: same-thread read-after-write rule
+    aggressive_kernel_fusion_diag: bool = False  # QD_AGGRESSIVE_KERNEL_FUSION_DIAG: print fusion decisions
+    kernel_fusion_budget: int = 600              # QD_KERNEL_FUSION_BUDGET: max IR statements of a fused body
 
     def codegen_key(self) -> tuple:
         """The options that change generated code (part of every compile key)."""
-        return (self.arch, self.debug, str(self.default_fp), str(self.default_ip))
+        return (self.arch, self.debug, str(self.default_fp), str(self.default_ip), self.aggressive_kernel_fusion,
+                self.aggressive_kernel_fusion_raw, self.kernel_fusion_budget)
+
+    def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
+        """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
+        fusion switch, and a ``graph=True`` kernel never fuses (each loop stays a graph node)."""
+        enabled = self.aggressive_kernel_fusion if fuse is None else bool(fuse)
+        enabled = enabled and not graph
+        if enabled == self.aggressive_kernel_fusion:
+            return self
+        return dataclasses.replace(self, aggressive_kernel_fusion=enabled)
 
 
 def config_from_env(**overrides) -> Config:
@@ -57,6 +77,10 @@ def config_from_env(**overrides) -> Config:
         print_ir=env_flag("QD_DUMP_IR"),
         cuda_compile_check=env_flag("QD_CUDA_COMPILE_CHECK"),
         raw_errors=env_flag("QD_RAW_ERRORS"),
+        aggressive_kernel_fusion=env_flag("QD_AGGRESSIVE_KERNEL_FUSION"),
+        aggressive_kernel_fusion_raw=env_flag("QD_AGGRESSIVE_KERNEL_FUSION_RAW", True),
+        aggressive_kernel_fusion_diag=env_flag("QD_AGGRESSIVE_KERNEL_FUSION_DIAG"),
+        kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):

@@ -35,6 +35,7 @@ from .passes.bind_arguments import BindArguments
 from .passes.check_writes import CheckReadonlyWrites, is_readonly
 from .passes.dead_code import RemoveDeadPure
 from .passes.fold_static import FoldStatic
+from .passes.fuse_tasks import FuseAdjacentTasks
 from .passes.inline_funcs import InlineFuncs
 from .passes.offload import Offload
 from .passes.resolve_globals import ResolveGlobals
@@ -333,7 +334,7 @@ class Kernel:
     def _compile(self, param_types, templates) -> Instance:
         from .targets import cpu
 
-        cfg = config.current
+        cfg = config.current.for_kernel(fuse=self.fuse, graph=self.graph)
         tools = IRTools.for_cpu()
         runtime_params = [p.name for p in self.params if p.kind != "template"]
         func_ir = copy_ir(tools.ir, self.frontend_ir(tools))
@@ -417,6 +418,7 @@ def run_untyped_pipeline(state) -> None:
     run(ResolveGlobals())
     run(RemoveDeadPure())
     run(Offload())
+    run(FuseAdjacentTasks())
 
 
 PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",

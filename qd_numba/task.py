@@ -23,6 +23,8 @@ class Task:
     serialize: bool = False         # qd.loop_config(serialize=True): run on one thread
     header: int | None = None       # range_for: loop header label in the kernel IR
     body: frozenset = frozenset()   # labels of the blocks the task owns in the kernel IR
+    fused_from: tuple = ()          # range_for made by fusion: file:line of each source loop, in order
+    stream_group: int = 0           # tasks of different qd.stream_parallel groups never fuse (hook)
 
     @staticmethod
     def make(kernel_qualname: str, index: int, kind: str, **fields) -> Task:
@@ -30,6 +32,15 @@ class Task:
         uid = hashlib.sha256(f"{kernel_qualname}\0{index}".encode()).hexdigest()[:16]
         return Task(index=index, kind=kind, name=name, uid=uid, **fields)
 
+    def renumbered(self, index: int, **changes) -> Task:
+        """This task at another position of its kernel (name and uid follow the index)."""
+        prefix = self.name.rsplit(".t", 1)[0]
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("index", "kind", "name", "uid")}
+        return Task.make(prefix, index, self.kind, **{**fields, **changes})
+
     def describe(self) -> str:
         extra = f" over {self.bounds}" if self.kind == "range_for" else ""
+        if self.fused_from:
+            extra += f", fused from {len(self.fused_from)} loops ({', '.join(self.fused_from)})"
         return f"task {self.index} [{self.kind}]{extra} at {self.loc}"

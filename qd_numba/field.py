@@ -105,7 +105,8 @@ class ArrayData:
         self._arr[idx] = value
 
     def to_numpy(self, dtype=None) -> np.ndarray:
-        out = self._dev.copy_to_host() if self._dev is not None else self._arr.copy()
+        # numba-cuda stores 0-d arrays with shape (1,): give the field's own shape back
+        out = self._dev.copy_to_host().reshape(self._arr.shape) if self._dev is not None else self._arr.copy()
         return out if dtype is None else out.astype(dtype)
 
     def from_numpy(self, array) -> None:
@@ -115,7 +116,7 @@ class ArrayData:
                 f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
             )
         if self._dev is not None:
-            self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype))
+            self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype).reshape(self._dev.shape))
             return
         np.copyto(self._arr, array, casting="unsafe")
 
@@ -124,7 +125,7 @@ class ArrayData:
 
     def fill(self, value) -> None:
         if self._dev is not None:
-            self._dev.copy_to_device(np.full(self._arr.shape, value, dtype=self._arr.dtype))
+            self._dev.copy_to_device(np.full(self._dev.shape, value, dtype=self._arr.dtype))
             return
         self._arr[...] = value
 

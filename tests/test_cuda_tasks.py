@@ -46,7 +46,7 @@ def test_value_from_serial_code_goes_through_a_temporary(rng):
     assert units[0].stores["s"] == units[1].loads["s"]
     assert units[2].returns and plan_ir.ret_slot is not None
     assert temp_types["s"] == types.float32        # f32 field element * f32 argument
-    for _, tk, c in compiled:
+    for _, _, c in compiled:
         assert c.cubin[:4] == b"\x7fELF" and c.entry_name in c.ptx
         assert [s.arg_name for s in c.param_layout[:2]] == ["qd_ctx", "qd_tmp"]
     # the same kernel on the CPU, against numpy
@@ -87,8 +87,8 @@ def many_spaces(a: qd.types.ndarray(dtype=qd.f32, ndim=2), lo: qd.i32, step: qd.
         a[i, j] += 1.0
     for i in v:
         v[i][0] = 2.0
-    for I in qd.grouped(vecs):
-        vecs[I][1] = 3.0
+    for idx in qd.grouped(vecs):
+        vecs[idx][1] = 3.0
 
 
 def test_host_iteration_counts_match_python(rng):

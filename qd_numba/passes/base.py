@@ -42,12 +42,16 @@ class IRTools:
 
         return IRTools(ir, ir_utils, analysis, run_frontend, inline_closurecall)
 
+    @property
+    def flavour(self) -> str:
+        return self.ir.__name__.rsplit(".", 1)[0]
+
 
 @dataclasses.dataclass
 class CompileState:
     tools: IRTools
     func_ir: object
-    kernel_name: str
+    kernel_name: str                # short name, for messages
     config: object
     runtime_params: list            # names of the kernel's runtime parameters, in order
     param_types: dict               # runtime param name -> Numba type
@@ -213,6 +217,10 @@ def copy_ir(ir, obj):
     if hasattr(obj, "func_id"):  # it pickles the function, closure cells included
         memo[id(obj.func_id)] = obj.func_id
     for block in blocks:
+        if not hasattr(obj, "blocks"):
+            # copies of blocks inside one function share its scope, so that names the copies
+            # redefine later stay unique across all of them
+            memo[id(block.scope)] = block.scope
         for stmt in block.body:
             value = getattr(stmt, "value", None)
             if isinstance(value, (ir.Global, ir.FreeVar, ir.Const)):

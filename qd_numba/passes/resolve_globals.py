@@ -48,12 +48,17 @@ class ResolveGlobals:
                 if not isinstance(stmt, ir.Assign):
                     continue
                 value = stmt.value
-                if isinstance(value, ir.Expr) and value.op in ("getattr", "static_getitem"):
+                if isinstance(value, ir.Expr) and value.op in ("getattr", "static_getitem", "getitem"):
                     base = try_static(state, value.value)
-                    if base is MISSING or not _foldable(base):
+                    if base is MISSING or not _foldable(base) or isinstance(base, ArrayData):
                         continue
+                    if value.op == "getitem":  # x[0] with a constant index (Python >= 3.12 bytecode)
+                        index = try_static(state, value.index)
+                        if index is MISSING or not isinstance(base, (tuple, list, dict)):
+                            continue
                     try:
-                        folded = getattr(base, value.attr) if value.op == "getattr" else base[value.index]
+                        folded = getattr(base, value.attr) if value.op == "getattr" else \
+                            base[value.index] if value.op == "static_getitem" else base[index]
                     except (AttributeError, IndexError, KeyError, TypeError):
                         continue
                     value = ir.Global(f"{stmt.target.name}", folded, stmt.loc)

@@ -47,6 +47,42 @@ def _check(result, what):
     return result[1] if isinstance(result, tuple) and len(result) == 2 else result
 
 
+# -- launching: one native call for all tasks of a kernel -------------------------------------------------
+
+_native_launch_all = None
+
+
+def native_launcher():
+    """``launch_all(fns, grids, blocks, argvs, status)``: a Numba-compiled loop calling the driver's
+    ``cuLaunchKernel`` through ctypes for every task with a positive grid, on the legacy default
+    stream. One Python-to-native transition per kernel call instead of one binding call per task.
+    ``status`` receives (task index, CUresult) of the first failure, or (-1, 0)."""
+    global _native_launch_all
+    if _native_launch_all is None:
+        import numba
+
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        launch = libcuda.cuLaunchKernel
+        # pointers pass as 64-bit integers (same registers in the x86-64/aarch64 C ABIs)
+        launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
+        launch.restype = ctypes.c_int32
+
+        @numba.njit(nogil=True)
+        def launch_all(fns, grids, blocks, argvs, status):
+            status[0] = -1
+            status[1] = 0
+            for k in range(fns.shape[0]):
+                if grids[k] > 0:
+                    err = launch(fns[k], grids[k], 1, 1, blocks[k], 1, 1, 0, 0, argvs[k], 0)
+                    if err != 0:
+                        status[0] = k
+                        status[1] = err
+                        return
+
+        _native_launch_all = launch_all
+    return _native_launch_all
+
+
 # -- the runtime: device, context table ---------------------------------------------------------------
 
 class CudaRuntime:
@@ -149,28 +185,30 @@ def _torch_dtype(t):
 class ArrayView:
     """What the launcher needs of an ndarray argument."""
 
-    __slots__ = ("dtype", "shape", "strides", "ptr", "readonly", "host", "keep")
+    __slots__ = ("dtype", "shape", "strides", "ptr", "readonly", "host", "keep", "c_contiguous", "spec")
 
     def __init__(self, dtype, shape, strides, ptr, readonly, host=None, keep=None):
         self.dtype, self.shape, self.strides, self.ptr = dtype, shape, strides, ptr
         self.readonly, self.host, self.keep = readonly, host, keep
-
-    @property
-    def c_contiguous(self) -> bool:
-        step = self.dtype.itemsize
-        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+        contiguous, step = True, dtype.itemsize
+        for n, s in zip(reversed(shape), reversed(strides)):
             if n != 1 and s != step:
-                return False
+                contiguous = False
+                break
             step *= n
-        return True
+        self.c_contiguous = contiguous
+        self.spec = (dtype, len(shape), contiguous, readonly)
 
 
 def array_view(a, where: str) -> ArrayView:
     from ..field import Ndarray
 
-    if isinstance(a, Ndarray):
-        ensure_device(a)
-        a = a._dev
+    if isinstance(a, Ndarray):  # its buffer never moves: one view per qd.ndarray
+        view = a.__dict__.get("_cuda_view")
+        if view is None:
+            ensure_device(a)
+            view = a._cuda_view = array_view(a._dev, where)
+        return view
     if isinstance(a, np.ndarray):
         rt = CudaRuntime.get()
         dev = rt.cuda.to_device(np.ascontiguousarray(a))
@@ -252,9 +290,9 @@ class LaunchPlan:
         self.ret = ret                      # (byte offset, numpy dtype) or None
         self.tasks = [launch.task for launch in launches]
         self._last = {}
+        self._prepare_native(CudaRuntime.get())
 
     def launch(self, args, views):
-        drv = _driver()
         rt = CudaRuntime.get()
         ctx_cell = self.cells[cuda_tasks.PARAM_CTX][0]
         if ctx_cell.value != rt.ctx_ptr:
@@ -280,20 +318,34 @@ class LaunchPlan:
                     values = (0, 0, nitems, v.dtype.itemsize, v.ptr, *v.shape, *v.strides)
                     for cell, value in zip(cells, values):
                         cell.value = value
-        totals = self.static_totals
         if self.totals_fn is not None:
             totals = self.totals_fn(tuple(runtime_values))
-        for launch in self.launches:
-            grid = launch.grid
-            if launch.total_index is not None and totals is not None:
-                total = totals[launch.total_index]
+            grids = self.grids
+            for k, launch in enumerate(self.launches):
+                if launch.total_index is not None:
+                    total = totals[launch.total_index]
+                    if total is not None:
+                        grids[k] = min(-(-total // launch.block), rt.max_grid) if total > 0 else 0
+        self.launch_all(self.fns, self.grids, self.blocks, self.argvs, self.status)
+        if self.status[0] >= 0:
+            task = self.launches[int(self.status[0])].task
+            _check((_driver().CUresult(int(self.status[1])),), f"launching {task.name}")
+
+    def _prepare_native(self, rt):
+        """The arrays the native launcher reads; grids of loops with host-known counts are final."""
+        n = len(self.launches)
+        self.fns = np.array([int(launch.fn) for launch in self.launches], np.uint64)
+        self.argvs = np.array([launch.argv for launch in self.launches], np.uint64)
+        self.blocks = np.array([launch.block for launch in self.launches], np.uint32)
+        self.grids = np.array([launch.grid for launch in self.launches], np.uint32)
+        self.status = np.zeros(2, np.int64)
+        for k, launch in enumerate(self.launches):
+            if launch.total_index is not None and self.static_totals is not None:
+                total = self.static_totals[launch.total_index]
                 if total is not None:
-                    if total <= 0:
-                        continue
-                    grid = min(-(-total // launch.block), rt.max_grid)
-            err = drv.cuLaunchKernel(launch.fn, grid, 1, 1, launch.block, 1, 1, 0, 0, launch.argv, 0)
-            if err[0] != 0:
-                _check(err, f"launching {launch.task.name}")
+                    self.grids[k] = min(-(-total // launch.block), rt.max_grid) if total > 0 else 0
+        self.launch_all = native_launcher()
+        assert len(self.grids) == n
 
 
 class CudaKernel:
@@ -316,7 +368,7 @@ class CudaKernel:
                     plan = self.plans[key] = self._build(args, views)
         plan.launch(args, views)
         result = None
-        for name, v in views.items():
+        for v in views.values():
             if v.host is not None and not v.readonly:
                 v.keep.copy_to_host(v.host)
         if plan.ret is not None:
@@ -348,7 +400,7 @@ class CudaKernel:
             if p.kind == "ndarray":
                 v = array_view(a, f"kernel '{kernel.name}', argument '{p.name}'")
                 views[p.name] = v
-                key.append((v.dtype, len(v.shape), v.c_contiguous, v.readonly))
+                key.append(v.spec)
             elif p.kind == "template":
                 from ..kernel import template_key
 
@@ -385,7 +437,7 @@ def _is_numba_error(e, numba_errors):
 
 
 def _check_scalar(kernel, p, a):
-    from ..kernel import _NUMBER_TYPES, _INT_TYPES
+    from ..kernel import _INT_TYPES, _NUMBER_TYPES
 
     if type(a) not in (_INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES):
         where = f"kernel '{kernel.name}', argument '{p.name}'"

@@ -114,6 +114,11 @@ def test_host_iteration_counts_match_python(rng):
         ref = (len(range(lo, rows, step)), max(0, rows - 1) * max(0, cols - 1), n_v, 5 * 7)
         assert got == ref
         # and the CPU run touches exactly those iterations
+        # the launcher passes all kernel arguments (templates included) with their positions
+        src2, env2 = cuda_tasks.totals_source(state, units, ndims, [1, 2, 3, 5])
+        ns2 = dict(env2)
+        exec(compile(src2, "<totals>", "exec"), ns2)
+        assert ns2["totals"](("template", a, lo, step, "template", v)) == ref
         many_spaces(a, lo, step, v)
         assert (a[:, 0] >= 1).sum() >= len([i for i in range(lo, rows, step) if 0 <= i < rows]) - 0
         assert np.all(v[:, 0] == 2.0)

@@ -700,10 +700,11 @@ def _fuzz_args(seed, n, m):
     return arrays, n, m
 
 
-FUZZ_EXAMPLES = int(os.environ.get("QD_FUSION_FUZZ_EXAMPLES", "50"))
+FUZZ_EXAMPLES = int(os.environ.get("QD_FUSION_FUZZ_EXAMPLES", "150"))
 # Each example compiles one random kernel (~1 s on a CI core), then runs it on several inputs.
 
 
+@pytest.mark.no_cuda_compile_check  # hundreds of random kernels: their CUDA path is covered elsewhere
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1), m_equal=st.booleans())
 def test_fuzz_fused_equals_sequential_reference(body, seed, m_equal):
@@ -721,6 +722,7 @@ def test_fuzz_fused_equals_sequential_reference(body, seed, m_equal):
             np.testing.assert_array_equal(g, r, err_msg=body)
 
 
+@pytest.mark.no_cuda_compile_check
 @settings(max_examples=max(FUZZ_EXAMPLES // 5, 5), deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_fused_equals_unfused_bit_for_bit(body, seed):

@@ -254,3 +254,19 @@ def test_int_division(rng):
     np.testing.assert_allclose(q, a / b, rtol=1e-6)
     np.testing.assert_array_equal(fl, np.floor_divide(a, b))
     np.testing.assert_array_equal(md, np.mod(a, b))
+
+
+@qd.kernel
+def serial_prefix_sum(a: qd.types.ndarray(dtype=qd.i64, ndim=1)):
+    qd.loop_config(serialize=True)
+    for i in range(1, a.shape[0]):
+        a[i] += a[i - 1]
+
+
+def test_loop_config_serialize_runs_in_order(rng):
+    # each iteration reads the previous one's result: only an in-order run gives the prefix sum
+    a = rng.integers(-1000, 1000, 5000).astype(np.int64)
+    ref = np.cumsum(a)
+    serial_prefix_sum(a)
+    np.testing.assert_array_equal(a, ref)
+    assert [t.serialize for t in serial_prefix_sum.tasks(a)] == [True]

@@ -113,7 +113,9 @@ def launch_range(typingctx, task_fn, total, args, serial):
     tf = task_fn.task_function
     argtys = (types.intp, types.intp, *args.types)
     cres = tf.compile(argtys)
-    run_serially = isinstance(serial, types.BooleanLiteral) and serial.literal_value
+    # qd.loop_config(serialize=True): the task itself knows (the ``serial`` argument is typed
+    # as a plain bool once Numba retries without literals, so it cannot be trusted to be literal)
+    run_serially = bool(tf.task.serialize) or (isinstance(serial, types.BooleanLiteral) and serial.literal_value)
 
     def codegen(context, builder, sig, llargs):
         module = builder.module

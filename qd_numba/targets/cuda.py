@@ -26,6 +26,7 @@ from numba.core import types
 
 from .. import config
 from ..errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsTypeError, take_pending
+from ..field import Ndarray
 from ..lowering import device
 from . import cuda_tasks
 
@@ -197,12 +198,10 @@ class ArrayView:
                 break
             step *= n
         self.c_contiguous = contiguous
-        self.spec = (dtype, len(shape), contiguous, readonly)
+        self.spec = (dtype.num, dtype.itemsize, len(shape), contiguous, readonly)  # cheap to hash
 
 
 def array_view(a, where: str) -> ArrayView:
-    from ..field import Ndarray
-
     if isinstance(a, Ndarray):  # its buffer never moves: one view per qd.ndarray
         view = a.__dict__.get("_cuda_view")
         if view is None:
@@ -289,43 +288,45 @@ class LaunchPlan:
         self.tmp_dev = tmp_dev
         self.ret = ret                      # (byte offset, numpy dtype) or None
         self.tasks = [launch.task for launch in launches]
-        self._last = {}
-        self._prepare_native(CudaRuntime.get())
+        self.rt = CudaRuntime.get()
+        self._ctx_cell = cells[cuda_tasks.PARAM_CTX][0]
+        self._ctx_ptr = self._ctx_cell.value
+        # (argument index, kind, name, cells) of every runtime argument some task reads
+        self._arg_cells = [(i, kind, name, cells[name]) for i, (name, kind) in enumerate(params)
+                           if kind != "template" and name in cells]
+        self._dynamic = [(k, launch.total_index, launch.block) for k, launch in enumerate(launches)
+                         if launch.total_index is not None]
+        self._last, self._last_key = {}, {}
+        self._host_copies = False
+        self._prepare_native(self.rt)
 
     def launch(self, args, views):
-        rt = CudaRuntime.get()
-        ctx_cell = self.cells[cuda_tasks.PARAM_CTX][0]
-        if ctx_cell.value != rt.ctx_ptr:
-            ctx_cell.value = rt.ctx_ptr
-        runtime_values = []
-        for (name, kind), a in zip(self.params, args):
-            if kind == "template":
-                continue
-            runtime_values.append(a)
-            cells = self.cells.get(name)
-            if cells is None:
-                continue
+        rt = self.rt
+        if self._ctx_ptr != rt.ctx_ptr:  # the field table grew (moved)
+            self._ctx_ptr = self._ctx_cell.value = rt.ctx_ptr
+        for index, kind, name, cells in self._arg_cells:
             if kind == "scalar":
-                cells[0].value = a
-            else:
-                v = views[name]
+                cells[0].value = args[index]
+                continue
+            v = views[name]
+            if self._last.get(name) is not v:  # views of qd.ndarrays are cached: identity is enough
                 key = (v.ptr, v.shape, v.strides)
-                if self._last.get(name) != key:
-                    self._last[name] = key
+                if self._last_key.get(name) != key:
+                    self._last_key[name] = key
                     nitems = 1
                     for n in v.shape:
                         nitems *= n
                     values = (0, 0, nitems, v.dtype.itemsize, v.ptr, *v.shape, *v.strides)
                     for cell, value in zip(cells, values):
                         cell.value = value
+                self._last[name] = v
         if self.totals_fn is not None:
-            totals = self.totals_fn(tuple(runtime_values))
-            grids = self.grids
-            for k, launch in enumerate(self.launches):
-                if launch.total_index is not None:
-                    total = totals[launch.total_index]
-                    if total is not None:
-                        grids[k] = min(-(-total // launch.block), rt.max_grid) if total > 0 else 0
+            totals = self.totals_fn(args)
+            grids, max_grid = self.grids, rt.max_grid
+            for k, total_index, block in self._dynamic:
+                total = totals[total_index]
+                if total is not None:
+                    grids[k] = min(-(-total // block), max_grid) if total > 0 else 0
         self.launch_all(self.fns, self.grids, self.blocks, self.argvs, self.status)
         if self.status[0] >= 0:
             task = self.launches[int(self.status[0])].task
@@ -348,13 +349,22 @@ class LaunchPlan:
         assert len(self.grids) == n
 
 
+_NO_VIEWS: dict = {}
+
+
 class CudaKernel:
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
 
     def __init__(self, kernel):
+        from ..kernel import _INT_TYPES, _NUMBER_TYPES
+
         self.kernel = kernel
         self.plans = {}
         self.lock = threading.RLock()
+        self._where = [f"kernel '{kernel.name}', argument '{p.name}'" for p in kernel.params]
+        for p in kernel.params:
+            if p.kind == "scalar":
+                p.exact_types = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
 
     # -- the call path ---------------------------------------------------------------------------
     def call(self, args):
@@ -368,9 +378,10 @@ class CudaKernel:
                     plan = self.plans[key] = self._build(args, views)
         plan.launch(args, views)
         result = None
-        for v in views.values():
-            if v.host is not None and not v.readonly:
-                v.keep.copy_to_host(v.host)
+        if views:
+            for v in views.values():
+                if v.host is not None and not v.readonly:
+                    v.keep.copy_to_host(v.host)
         if plan.ret is not None:
             off, dt = plan.ret
             raw = plan.tmp_dev[off:off + dt.itemsize].copy_to_host()
@@ -394,19 +405,24 @@ class CudaKernel:
         return plan
 
     def _spec(self, args):
-        kernel = self.kernel
+        """(ndarray views by name, the plan key) of these arguments; checks scalars."""
+        if not args:
+            return _NO_VIEWS, ()
         views, key = {}, []
-        for p, a in zip(kernel.params, args):
-            if p.kind == "ndarray":
-                v = array_view(a, f"kernel '{kernel.name}', argument '{p.name}'")
+        for p, a, where in zip(self.kernel.params, args, self._where):
+            kind = p.kind
+            if kind == "ndarray":
+                v = a.__dict__.get("_cuda_view") if type(a) is Ndarray else None
+                if v is None:
+                    v = array_view(a, where)
                 views[p.name] = v
                 key.append(v.spec)
-            elif p.kind == "template":
+            elif kind == "template":
                 from ..kernel import template_key
 
                 key.append(template_key(a))
-            elif p.kind == "scalar":
-                _check_scalar(kernel, p, a)
+            elif type(a) not in p.exact_types:
+                _check_scalar(self.kernel, p, a)
         return views, tuple(key)
 
     # -- building a plan ------------------------------------------------------------------------
@@ -508,7 +524,23 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
         _, compiled, _ = compile_tasks(kernel, state, cc, lambda f: slots.setdefault(id(f), len(slots)))
     except cuda_tasks.GpuUnsupportedError:
         return None
+    host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
     return compiled
+
+
+def host_totals(kernel, state, param_types, units):
+    """(totals function taking the kernel's arguments or None, iteration counts known now or None)."""
+    param_ndims = {name: getattr(ty, "ndim", None) for name, ty in param_types.items()}
+    runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
+    src, env = cuda_tasks.totals_source(state, units, param_ndims, runtime_positions)
+    if src is None:
+        return None, None
+    ns = dict(env)
+    exec(compile(src, f"<qd_numba totals {kernel.name}>", "exec"), ns)
+    fn = ns["totals"]
+    if "args[" in src:
+        return fn, None
+    return None, fn(())
 
 
 def _lookup_type(typemap, name, task):
@@ -559,20 +591,7 @@ def build_plan(kernel, args, views) -> LaunchPlan:
             range_index += 1
         launches.append(TaskLaunch(unit.task, fn, module, argv, grid, block, total_index, c))
     # iteration counts on the host
-    param_ndims = {}
-    for name, ty in param_types.items():
-        param_ndims[name] = getattr(ty, "ndim", None)
-    units = [u for u, _, _ in compiled]
-    src, env = cuda_tasks.totals_source(state, units, param_ndims)
-    totals_fn, static_totals = None, None
-    if src is not None:
-        ns = dict(env)
-        exec(compile(src, f"<qd_numba totals {kernel.name}>", "exec"), ns)
-        fn = ns["totals"]
-        if "args[" in src:
-            totals_fn = fn
-        else:
-            static_totals = fn(())
+    totals_fn, static_totals = host_totals(kernel, state, param_types, [u for u, _, _ in compiled])
     ret = None
     if plan_ir.ret_slot is not None:
         from numba.np.numpy_support import as_dtype

@@ -504,10 +504,12 @@ def _py_space_total(space):
     return total
 
 
-def totals_source(state, units, param_ndims):
+def totals_source(state, units, param_ndims, arg_positions=None):
     """Python source of ``def totals(<runtime params>)`` returning each range-for unit's
     iteration count (None where it is not a pure function of the arguments), or None when no
-    loop needs it. Constants are returned through the ``env`` dict the source is exec'd with."""
+    loop needs it. Constants are returned through the ``env`` dict the source is exec'd with.
+    ``arg_positions[k]``: where runtime parameter k sits in the ``args`` the function receives
+    (default: args holds exactly the runtime parameters)."""
     ir = state.ir
     assigns = _assignments(state)
     slicer = _Slicer(state, assigns)
@@ -531,7 +533,10 @@ def totals_source(state, units, param_ndims):
         t = name_of(stmt.target.name)
         if isinstance(v, ir.Arg):
             field = state.hidden_by_arg_index(v.index)
-            rhs = ref(field) if field is not None else f"args[{v.index}]"
+            if field is not None:
+                rhs = ref(field)
+            else:
+                rhs = f"args[{v.index if arg_positions is None else arg_positions[v.index]}]"
         elif isinstance(v, (ir.Const, ir.Global, ir.FreeVar)):
             rhs = ref(v.value)
         elif isinstance(v, ir.Var):
@@ -554,7 +559,11 @@ def totals_source(state, units, param_ndims):
         elif v.op == "call":
             fn = try_static(state, v.func)
             args = [name_of(a.name) for a in v.args]
-            if fn is spaces.shape_space:
+            if fn is spaces.range_dim and len(args) == 1:   # the common range(n): no call
+                rhs = f"((0, {args[0]}, 1),)"
+            elif fn is spaces.space_total and _one_dim_range(v.args[0]):
+                rhs = f"max(0, {name_of(v.args[0].name)}[0][1])"
+            elif fn is spaces.shape_space:
                 root = v.args[0].name
                 while len(assigns.get(root, ())) == 1 and isinstance(assigns[root][0][1].value, ir.Var):
                     root = assigns[root][0][1].value.name
@@ -571,6 +580,13 @@ def totals_source(state, units, param_ndims):
         lines.append(f"    {t} = {rhs}")
         emitted.add(id(stmt))
         return True
+
+    def _one_dim_range(var):
+        defs = assigns.get(var.name, ())
+        if len(defs) != 1 or not isinstance(defs[0][1].value, ir.Expr) or defs[0][1].value.op != "call":
+            return False
+        d = defs[0][1].value
+        return try_static(state, d.func) is spaces.range_dim and len(d.args) == 1
 
     any_loop = False
     for unit in units:

@@ -129,6 +129,23 @@ class ArrayData:
             return
         self._arr[...] = value
 
+    def to_torch(self, device=None):
+        """A torch tensor sharing this field's/ndarray's memory (no copy): a CUDA tensor on the
+        CUDA arch, a CPU tensor on the CPU. Writes through it are writes to the data."""
+        import torch
+
+        if self._dev is not None:
+            return torch.as_tensor(self._dev, device=device or "cuda")
+        return torch.from_numpy(self._arr) if device in (None, "cpu") else torch.from_numpy(self._arr).to(device)
+
+    def to_cupy(self):
+        """A cupy array sharing this field's/ndarray's device memory (CUDA arch only; no copy)."""
+        import cupy
+
+        if self._dev is None:
+            raise QuadrantsTypeError(f"to_cupy: {self._describe()} is in host memory (use qd.init(arch=qd.cuda))")
+        return cupy.asarray(self._dev)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

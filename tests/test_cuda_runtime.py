@@ -198,3 +198,20 @@ def test_njit_device_function(rng):
     out = np.zeros(500)
     blur(x, out)
     np.testing.assert_allclose(out[1:-1], 0.5 * (x[:-2] + x[2:]), rtol=1e-12)
+
+
+def test_zero_copy_views(rng):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    a = qd.ndarray(qd.f32, shape=(300,))
+    d = rng.uniform(-1, 1, 300).astype(np.float32)
+    a.from_numpy(d)
+    t = a.to_torch()
+    c = a.to_cupy()
+    assert t.is_cuda and t.data_ptr() == c.data.ptr == a._dev.device_ctypes_pointer.value
+    t.mul_(2.0)                   # a write through the view is a write to the ndarray
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(a.to_numpy(), d * 2)
+    axpy(c, t, 1.0)               # and the views are kernel arguments in place: t = c + t = 4d
+    qd.sync()
+    np.testing.assert_allclose(a.to_numpy(), d * 4, rtol=1e-6)

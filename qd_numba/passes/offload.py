@@ -244,26 +244,38 @@ class Offload:
 
     # -- serial tasks ---------------------------------------------------------------------------
     def _insert_serial_tasks(self, state, covered):
-        """Number serial code that does work as tasks, in program order between the loops."""
+        """Number serial code that does work as tasks, in program order between the loops.
+
+        The serial code before loop k is what runs after loop k-1 (or the entry) and before loop
+        k's header: the blocks reachable from there without entering a loop. Reachability, not
+        a topological block order, which interleaves the blocks of a top-level ``while`` loop
+        with later code on some Python versions."""
+        ir = state.ir
         blocks = state.func_ir.blocks
         cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
-        order = cfg.topo_order()
-        header_of = {lp.header: lp for lp in state.loops}
+        order = {lbl: k for k, lbl in enumerate(cfg.topo_order())}
+        loops = sorted(state.loops, key=lambda lp: order.get(lp.header, 0))
+        headers = {lp.header for lp in loops}
         setup = {id(s) for lp in state.loops for s in (*lp.plumbing, *lp.setup)}
-        tasks, serial_loc = [], None
-        for lbl in order:
-            if lbl in header_of:
-                if serial_loc is not None:
-                    tasks.append(("serial", serial_loc))
-                    serial_loc = None
-                tasks.append(("loop", header_of[lbl]))
-            elif lbl not in covered:
-                for stmt in blocks[lbl].body:
-                    if id(stmt) in setup or not _does_work(state, stmt):
-                        continue
-                    serial_loc = serial_loc or stmt.loc
-        if serial_loc is not None:
-            tasks.append(("serial", serial_loc))
+        starts = [min(blocks)] + [lp.exit for lp in loops]
+        tasks, assigned = [], set()
+        for k, start in enumerate(starts):
+            region, todo = set(), [start]
+            while todo:
+                lbl = todo.pop()
+                if lbl in region or lbl in headers or lbl in covered or lbl in assigned or lbl not in blocks:
+                    continue
+                region.add(lbl)
+                term = blocks[lbl].body[-1]
+                todo.extend([term.target] if isinstance(term, ir.Jump) else
+                            [term.truebr, term.falsebr] if isinstance(term, ir.Branch) else [])
+            assigned |= region
+            work = [stmt.loc for lbl in region for stmt in blocks[lbl].body
+                    if id(stmt) not in setup and _does_work(state, stmt)]
+            if work:
+                tasks.append(("serial", min(work, key=lambda loc: (loc.line or 0))))
+            if k < len(loops):
+                tasks.append(("loop", loops[k]))
         by_header = {t.header: t for t in state.tasks}
         new_tasks = []
         for kind, item in tasks:

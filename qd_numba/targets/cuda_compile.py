@@ -61,8 +61,9 @@ __all__ = [
 def numba_cuda_importable() -> bool:
     """True when ``numba.cuda`` (numba-cuda) imports; never raises."""
     try:
-        import numba.cuda  # noqa: F401
-        import numba.cuda.compiler  # noqa: F401
+        # numba-cuda itself: Numba's older built-in numba.cuda (no numba.cuda.core) is not enough
+        from numba.cuda.compiler import run_frontend  # noqa: F401
+        from numba.cuda.core import ir  # noqa: F401
     except Exception:
         return False
     return True

@@ -14,17 +14,12 @@ from __future__ import annotations
 from numba.core import types
 
 from ..lowering import array_access
+from .base import argument_of
 
 
 def _array_param(state, var) -> bool:
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if isinstance(d, ir.Var):
-            var = d
-            continue
-        return isinstance(d, ir.Arg) and isinstance(state.param_types.get(d.name), types.Array)
-    return False
+    arg = argument_of(state, var)
+    return arg is not None and isinstance(state.param_types.get(arg.name), types.Array)
 
 
 class DirectArrayAccess:

@@ -174,16 +174,21 @@ def static_value(state: CompileState, var, permissive: bool = False):
     raise NotStatic(var)
 
 
-def is_global_data(state, var) -> bool:
-    """True if ``var`` is (a copy of) a kernel argument or hidden field argument."""
+def argument_of(state, var):
+    """The ``ir.Arg`` that ``var`` is (a chain of copies of), or None."""
     ir = state.ir
     for _ in range(50):
         d = state.definition(var)
         if isinstance(d, ir.Var):
             var = d
             continue
-        return isinstance(d, ir.Arg)
-    return False
+        return d if isinstance(d, ir.Arg) else None
+    return None
+
+
+def is_global_data(state, var) -> bool:
+    """True if ``var`` is (a copy of) a kernel argument or hidden field argument."""
+    return argument_of(state, var) is not None
 
 
 _MISSING = object()
@@ -237,6 +242,19 @@ def exec_stub(name: str, arg_names: list[str]):
     params = ", ".join(arg_names)
     exec(compile(f"def {name}({params}):\n    return None\n", f"<qd_numba stub {name}>", "exec"), ns)
     return ns[name]
+
+
+def derive_ir(state, stub, blocks, params):
+    """A new FunctionIR of the kernel's flavour over ``blocks`` (entry: the smallest label), with
+    the parameters ``params`` and the identity of the generated function ``stub``."""
+    import importlib
+
+    bytecode = importlib.import_module(state.tools.ir.__name__.rsplit(".", 1)[0] + ".bytecode")
+    blocks = dict(sorted(blocks.items()))
+    new_ir = state.func_ir.derive(blocks=blocks, arg_names=tuple(params), arg_count=len(params))
+    new_ir.func_id = bytecode.FunctionIdentity.from_function(stub)
+    new_ir._definitions = state.tools.ir_utils.build_definitions(new_ir.blocks)
+    return new_ir
 
 
 def unsupported(state, message, loc):

@@ -17,7 +17,7 @@ from numba.core import types
 from ..errors import QuadrantsTypeError
 from ..lowering import subscripts
 from ..typing.field import FieldType
-from .base import try_static
+from .base import argument_of, try_static
 
 _WRITING_HELPERS = (subscripts.atomic_update, subscripts.nested_atomic, subscripts.write_back)
 
@@ -29,16 +29,7 @@ def is_readonly(ty) -> bool:
     return isinstance(ty, types.Array) and not ty.mutable
 
 
-def _argument(state, var):
-    """The ``ir.Arg`` that ``var`` is a copy of, or None."""
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if isinstance(d, ir.Var):
-            var = d
-            continue
-        return d if isinstance(d, ir.Arg) else None
-    return None
+
 
 
 class CheckReadonlyWrites:
@@ -59,7 +50,7 @@ class CheckReadonlyWrites:
                     written = stmt.value.args[0]
                 else:
                     continue
-                arg = _argument(state, written)
+                arg = argument_of(state, written)
                 if arg is not None and arg.name in readonly:
                     raise state.error(QuadrantsTypeError,
                                       f"argument '{arg.name}' is a read-only array (numpy flags.writeable is "

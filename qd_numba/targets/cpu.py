@@ -26,7 +26,7 @@ from numba.core.registry import cpu_target
 from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
-from ..passes.base import copy_ir, exec_stub
+from ..passes.base import copy_ir, derive_ir, exec_stub
 
 _threads_ready = False
 _lock = threading.RLock()
@@ -280,18 +280,8 @@ def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, lis
     new_blocks = {0: entry, lp.exit: exit_block}
     for lbl in lp.body:
         new_blocks[lbl] = copy_ir(ir, blocks[lbl])
-    task_ir = _derive(state, stub, new_blocks, params)
+    task_ir = derive_ir(state, stub, new_blocks, params)
     return TaskFunction(task, task_ir, debug), live
-
-
-def _derive(state, stub, blocks, params):
-    from numba.core import bytecode
-
-    blocks = dict(sorted(blocks.items()))
-    new_ir = state.func_ir.derive(blocks=blocks, arg_names=tuple(params), arg_count=len(params))
-    new_ir.func_id = bytecode.FunctionIdentity.from_function(stub)
-    new_ir._definitions = state.tools.ir_utils.build_definitions(new_ir.blocks)
-    return new_ir
 
 
 def build_driver(state, debug: bool):
@@ -323,7 +313,7 @@ def build_driver(state, debug: bool):
             blocks.pop(lbl, None)
     params = list(state.runtime_params) + [f"__qd_field_{k}" for k in range(len(state.hidden))]
     stub = exec_stub(_identifier(state.kernel_name), params)
-    driver = _derive(state, stub, dict(blocks), params)
+    driver = derive_ir(state, stub, dict(blocks), params)
     return driver, task_functions
 
 

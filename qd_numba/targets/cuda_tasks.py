@@ -28,7 +28,7 @@ import operator
 
 from ..errors import QuadrantsCompilationError
 from ..lowering import device, spaces
-from ..passes.base import MISSING, exec_stub, is_global_data, try_static
+from ..passes.base import MISSING, derive_ir, exec_stub, is_global_data, try_static
 from ..passes.offload import _does_work
 from ..task import Task
 
@@ -453,7 +453,7 @@ def build_task_ir(state, unit: Unit, temp_types: dict, field_slot, field_token, 
                 blk.body = blk.body[:-1] + tail + [ir.Jump(epi_label, term.loc)]
     new_blocks.update(body)
     stub = exec_stub(f"qd_{unit.task.kind}{unit.task.index}", params)
-    new_ir = _derive(state, stub, new_blocks, params)
+    new_ir = derive_ir(state, stub, new_blocks, params)
     return TaskKernelIR(unit, new_ir, runtime_args, dict(hidden))
 
 
@@ -463,16 +463,6 @@ def _retarget(ir, block, fn):
         block.body[-1] = ir.Jump(fn(term.target), term.loc)
     elif isinstance(term, ir.Branch):
         block.body[-1] = ir.Branch(term.cond, fn(term.truebr), fn(term.falsebr), term.loc)
-
-
-def _derive(state, stub, blocks, params):
-    from numba.cuda.core import bytecode
-
-    blocks = dict(sorted(blocks.items()))
-    new_ir = state.func_ir.derive(blocks=blocks, arg_names=tuple(params), arg_count=len(params))
-    new_ir.func_id = bytecode.FunctionIdentity.from_function(stub)
-    new_ir._definitions = state.tools.ir_utils.build_definitions(new_ir.blocks)
-    return new_ir
 
 
 # -- host-side iteration counts -------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def _close_f32(actual, ref64, ops=1):
     (one rounding instead of two), so compare within a few float32 ulps of the operands' scale
     per operation instead of bit-equality with numpy's two-rounding float32 arithmetic."""
     np.testing.assert_allclose(np.asarray(actual, np.float64), ref64, rtol=2e-7 * ops,
-                               atol=4e-7 * ops * max(1.0, float(np.max(np.abs(ref64)))))
+                               atol=4e-7 * ops * max(1.0, float(np.max(np.abs(ref64), initial=0.0))))
 
 
 def _plans():
@@ -215,3 +215,21 @@ def test_zero_copy_views(rng):
     axpy(c, t, 1.0)               # and the views are kernel arguments in place: t = c + t = 4d
     qd.sync()
     np.testing.assert_allclose(a.to_numpy(), d * 4, rtol=1e-6)
+
+
+def test_grids_follow_ndarray_shapes(rng):
+    # host iteration counts are cached per (qd.ndarray objects, scalars): new objects of other
+    # lengths, including an empty one, must still get the right launch
+    before = _plans()
+    kept = []
+    for n in (1000, 0, 77, 5000, 77):
+        x, y = qd.ndarray(qd.f32, shape=(n,)), qd.ndarray(qd.f32, shape=(n,))
+        dx = rng.uniform(-1, 1, n).astype(np.float32)
+        dy = rng.uniform(-1, 1, n).astype(np.float32)
+        x.from_numpy(dx)
+        y.from_numpy(dy)
+        axpy(x, y, 2.0)
+        axpy(x, y, 2.0)          # the same objects again: the cached counts
+        _close_f32(y.to_numpy(), 4.0 * dx.astype(np.float64) + dy, ops=2)
+        kept.append((x, y))
+    assert _plans() - before <= 1

@@ -19,6 +19,7 @@ of field data pointers, instead of one parameter per field (lowering/device.py).
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 
 import numpy as np
@@ -297,6 +298,10 @@ class LaunchPlan:
         self._dynamic = [(k, launch.total_index, launch.block) for k, launch in enumerate(launches)
                          if launch.total_index is not None]
         self._last, self._last_key = {}, {}
+        # the arguments the host iteration counts read (parsed from the generated source)
+        self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
+        self.totals_arrays = [i for i in self.totals_args if params[i][1] == "ndarray"]
+        self._totals_key = None
         self._host_copies = False
         self._prepare_native(self.rt)
 
@@ -320,7 +325,7 @@ class LaunchPlan:
                     for cell, value in zip(cells, values):
                         cell.value = value
                 self._last[name] = v
-        if self.totals_fn is not None:
+        if self.totals_fn is not None and self._totals_changed(args):
             totals = self.totals_fn(args)
             grids, max_grid = self.grids, rt.max_grid
             for k, total_index, block in self._dynamic:
@@ -331,6 +336,20 @@ class LaunchPlan:
         if self.status[0] >= 0:
             task = self.launches[int(self.status[0])].task
             _check((_driver().CUresult(int(self.status[1])),), f"launching {task.name}")
+
+    def _totals_changed(self, args):
+        """False when the iteration counts cannot have changed since the last call: the same
+        ``qd.ndarray`` objects (whose shapes never change; the key holds them, so an id is
+        never reused) and equal scalars. Other array kinds are re-read every call."""
+        for i in self.totals_arrays:
+            if type(args[i]) is not Ndarray:   # numpy/torch/cupy: shapes may differ, no cheap key
+                self._totals_key = None
+                return True
+        key = tuple(args[i] for i in self.totals_args)  # Ndarray compares by identity
+        if key == self._totals_key:
+            return False
+        self._totals_key = key
+        return True
 
     def _prepare_native(self, rt):
         """The arrays the native launcher reads; grids of loops with host-known counts are final."""
@@ -539,6 +558,7 @@ def host_totals(kernel, state, param_types, units):
     exec(compile(src, f"<qd_numba totals {kernel.name}>", "exec"), ns)
     fn = ns["totals"]
     if "args[" in src:
+        fn.qd_args = tuple(int(k) for k in re.findall(r"args\[(\d+)\]", src))
         return fn, None
     return None, fn(())
 

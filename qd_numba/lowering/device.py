@@ -78,7 +78,8 @@ def grid_stride(typingctx):
     return types.int64(), codegen
 
 
-def _c_strides(shape, itemsize):
+def c_strides(shape, itemsize):
+    """Byte strides of a C-contiguous array."""
     strides, step = [], itemsize
     for n in reversed(shape):
         strides.append(step)
@@ -110,7 +111,7 @@ def field_from_ctx(typingctx, ctx, slot, token):
         context.populate_array(
             ary, data=data,
             shape=[llir.Constant(intp, int(n)) for n in shape],
-            strides=[llir.Constant(intp, s) for s in _c_strides(shape, itemsize)],
+            strides=[llir.Constant(intp, s) for s in c_strides(shape, itemsize)],
             itemsize=llir.Constant(intp, itemsize), meminfo=None)
         field = cgutils.create_struct_proxy(fty)(context, builder)
         field.arr = ary._getvalue()

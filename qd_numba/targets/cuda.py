@@ -28,6 +28,7 @@ from numba.core import types
 from .. import config
 from ..errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
+from ..kernel import template_key  # this module is imported by kernel.py's GPU path, after it
 from ..lowering import device
 from . import cuda_tasks
 
@@ -229,20 +230,14 @@ def array_view(a, where: str) -> ArrayView:
     if cai is not None:
         dt = np.dtype(cai["typestr"])
         shape = tuple(cai["shape"])
-        strides = cai.get("strides")
-        if strides is None:
-            strides, step = [], dt.itemsize
-            for n in reversed(shape):
-                strides.append(step)
-                step *= n
-            strides = tuple(reversed(strides))
+        strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
         ptr, readonly = cai["data"]
         return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "
                              f"numba-cuda), got {type(a).__name__}")
 
 
-def _view_type(where, spec, view, debug):
+def _view_type(where, spec, view):
     """The Numba type of an ndarray argument, through the CPU typing of an equivalent numpy view."""
     from ..kernel import _ndarray_type
 
@@ -302,7 +297,6 @@ class LaunchPlan:
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.totals_arrays = [i for i in self.totals_args if params[i][1] == "ndarray"]
         self._totals_key = None
-        self._host_copies = False
         self._prepare_native(self.rt)
 
     def launch(self, args, views):
@@ -331,7 +325,7 @@ class LaunchPlan:
             for k, total_index, block in self._dynamic:
                 total = totals[total_index]
                 if total is not None:
-                    grids[k] = min(-(-total // block), max_grid) if total > 0 else 0
+                    grids[k] = _grid(total, block, max_grid)
         self.launch_all(self.fns, self.grids, self.blocks, self.argvs, self.status)
         if self.status[0] >= 0:
             task = self.launches[int(self.status[0])].task
@@ -353,7 +347,6 @@ class LaunchPlan:
 
     def _prepare_native(self, rt):
         """The arrays the native launcher reads; grids of loops with host-known counts are final."""
-        n = len(self.launches)
         self.fns = np.array([int(launch.fn) for launch in self.launches], np.uint64)
         self.argvs = np.array([launch.argv for launch in self.launches], np.uint64)
         self.blocks = np.array([launch.block for launch in self.launches], np.uint32)
@@ -363,9 +356,14 @@ class LaunchPlan:
             if launch.total_index is not None and self.static_totals is not None:
                 total = self.static_totals[launch.total_index]
                 if total is not None:
-                    self.grids[k] = min(-(-total // launch.block), rt.max_grid) if total > 0 else 0
+                    self.grids[k] = _grid(total, launch.block, rt.max_grid)
         self.launch_all = native_launcher()
-        assert len(self.grids) == n
+
+
+def _grid(total: int, block: int, max_grid: int) -> int:
+    """Blocks for ``total`` iterations: one per ``block`` up to the saturating grid (the kernels
+    are grid-stride loops); 0 (no launch) for an empty loop."""
+    return min(-(-total // block), max_grid) if total > 0 else 0
 
 
 _NO_VIEWS: dict = {}
@@ -389,12 +387,7 @@ class CudaKernel:
     def call(self, args):
         kernel = self.kernel
         views, key = self._spec(args)
-        plan = self.plans.get(key)
-        if plan is None:
-            with self.lock:
-                plan = self.plans.get(key)
-                if plan is None:
-                    plan = self.plans[key] = self._build(args, views)
+        plan = self.plans.get(key) or self._plan(args, views, key)
         plan.launch(args, views)
         result = None
         if views:
@@ -417,7 +410,10 @@ class CudaKernel:
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""
         views, key = self._spec(args)
-        with self.lock:
+        return self.plans.get(key) or self._plan(args, views, key)
+
+    def _plan(self, args, views, key):
+        with self.lock:  # one build per spec, also when threads race for it
             plan = self.plans.get(key)
             if plan is None:
                 plan = self.plans[key] = self._build(args, views)
@@ -437,8 +433,6 @@ class CudaKernel:
                 views[p.name] = v
                 key.append(v.spec)
             elif kind == "template":
-                from ..kernel import template_key
-
                 key.append(template_key(a))
             elif type(a) not in p.exact_types:
                 _check_scalar(self.kernel, p, a)
@@ -582,7 +576,7 @@ def build_plan(kernel, args, views) -> LaunchPlan:
         elif p.kind == "scalar":
             param_types[p.name] = p.nbtype
         else:
-            param_types[p.name] = _view_type(where, p.annotation, views[p.name], False)
+            param_types[p.name] = _view_type(where, p.annotation, views[p.name])
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, rt.slot_of)
     rt.plan_builds += 1

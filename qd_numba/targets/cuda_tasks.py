@@ -29,7 +29,7 @@ import operator
 from ..errors import QuadrantsCompilationError
 from ..lowering import device, spaces
 from ..passes.base import MISSING, derive_ir, exec_stub, is_global_data, try_static
-from ..passes.offload import _does_work
+from ..passes.offload import _does_work, _task_prefix
 from ..task import Task
 
 PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
@@ -63,7 +63,6 @@ class CudaPlanIR:
     units: list                         # launched units, program order
     temp_slots: int
     ret_slot: int | None
-    state: object
 
 
 # -- structure -----------------------------------------------------------------------------------
@@ -293,25 +292,20 @@ def plan(state, returns_value: bool) -> CudaPlanIR:
     if returns_value:
         ret_slot = len(slots)
     _name_tasks(state, launched)
-    return CudaPlanIR(launched, len(slots) + (1 if returns_value else 0), ret_slot, state)
+    return CudaPlanIR(launched, len(slots) + (1 if returns_value else 0), ret_slot)
 
 
 def _name_tasks(state, units):
+    """The GPU task list: the offloaded range-for tasks (fusion info included) renumbered among
+    the serial tasks this target launches."""
     by_header = {t.header: t for t in state.tasks if t.kind == "range_for"}
-    serial_locs = [t.loc for t in state.tasks if t.kind == "serial"]
     for index, unit in enumerate(units):
         if unit.kind == "range_for":
-            old = by_header[unit.loop.header]
-            unit.task = dataclasses.replace(Task.make(state.kernel_name, index, "range_for"), bounds=old.bounds,
-                                            ndim=old.ndim, loc=old.loc, serialize=old.serialize,
-                                            header=old.header, body=old.body)
+            unit.task = by_header[unit.loop.header].renumbered(index)
         else:
-            loc = next(iter(serial_locs), "")
-            first = min(unit.labels) if unit.labels else None
-            blk = state.func_ir.blocks.get(first) if first is not None else None
-            if blk is not None and blk.loc is not None:
-                loc = f"{blk.loc.filename}:{blk.loc.line}"
-            unit.task = Task.make(state.kernel_name, index, "serial", loc=loc, body=frozenset(unit.labels))
+            loc = state.func_ir.blocks[unit.start].loc if unit.start is not None else None
+            unit.task = Task.make(_task_prefix(state), index, "serial", body=frozenset(unit.labels),
+                                  loc=f"{loc.filename}:{loc.line}" if loc is not None else "")
 
 
 # -- task kernel IR ------------------------------------------------------------------------------------
@@ -321,7 +315,6 @@ class TaskKernelIR:
     unit: Unit
     func_ir: object
     runtime_args: list          # runtime param names the kernel takes after (ctx, tmp)
-    field_slots: dict           # hidden arg index -> field object
 
 
 def build_task_ir(state, unit: Unit, temp_types: dict, field_slot, field_token, ret_slot):
@@ -454,7 +447,7 @@ def build_task_ir(state, unit: Unit, temp_types: dict, field_slot, field_token, 
     new_blocks.update(body)
     stub = exec_stub(f"qd_{unit.task.kind}{unit.task.index}", params)
     new_ir = derive_ir(state, stub, new_blocks, params)
-    return TaskKernelIR(unit, new_ir, runtime_args, dict(hidden))
+    return TaskKernelIR(unit, new_ir, runtime_args)
 
 
 def _retarget(ir, block, fn):

@@ -51,23 +51,36 @@ def main():
     launch = plan.launches[0]
     out = {}
     out["cuda_bindings_cuLaunchKernel"] = per_call_us(
-        lambda: driver.cuLaunchKernel(launch.fn, int(plan.grids[0]), 1, 1, 256, 1, 1, 0, 0, launch.argv, 0))
+        lambda: driver.cuLaunchKernel(launch.fn, int(plan.packed[3]), 1, 1, 256, 1, 1, 0, 0, launch.argv, 0))
     la = native_launcher()
-    out["native_launch_all (numba dispatch + driver)"] = per_call_us(
-        lambda: la(plan.fns, plan.grids, plan.blocks, plan.argvs, plan.status))
+    out["native launch_all(packed) (numba dispatch + driver)"] = per_call_us(lambda: la(plan.packed))
     libcuda = ctypes.CDLL("libcuda.so.1")
     f = libcuda.cuLaunchKernel
     f.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
     f.restype = ctypes.c_int32
-    fn_int, grid, argv = int(launch.fn), int(plan.grids[0]), launch.argv
+    fn_int, grid, argv = int(launch.fn), int(plan.packed[3]), launch.argv
     out["ctypes cuLaunchKernel"] = per_call_us(lambda: f(fn_int, grid, 1, 1, 256, 1, 1, 0, 0, argv, 0))
-    out["plan.launch"] = per_call_us(lambda: plan.launch((), {}))
+    # the same native launch on other streams: legacy default (0), per-thread default (2),
+    # a created blocking stream, a created non-blocking stream
+    saved = int(plan.packed[1])
+    for label, flags in (("legacy default stream", None), ("per-thread default stream", "ptds"),
+                         ("created blocking stream", 0), ("created non-blocking stream", 1)):
+        if flags is None:
+            handle = 0
+        elif flags == "ptds":
+            handle = 2
+        else:
+            err, stream = driver.cuStreamCreate(flags)
+            handle = int(stream)
+        plan.packed[1] = handle
+        out[f"native launch_all on {label}"] = per_call_us(lambda: la(plan.packed))
+    plan.packed[1] = saved
+    out["plan.run"] = per_call_us(plan.run)
     out["inc() full call"] = per_call_us(inc)
-    nd_plan = copy_nd._gpu().plan_for((a, b))
     gpu = copy_nd._gpu()
-    out["copy_nd spec check"] = per_call_us(lambda: gpu._spec((a, b)))
-    views, _ = gpu._spec((a, b))
-    out["copy_nd plan.launch"] = per_call_us(lambda: nd_plan.launch((a, b), views))
+    nd_plan = gpu.plan_for((a, b))
+    va, vb = a._cuda_view, b._cuda_view
+    out["copy_nd plan.run"] = per_call_us(lambda: nd_plan.run(a, b, va, vb))
     out["copy_nd(a, b) full call"] = per_call_us(lambda: copy_nd(a, b))
     out["plan_builds"] = CudaRuntime.get().plan_builds
     print("RESULT " + json.dumps(out))

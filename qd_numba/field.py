@@ -182,6 +182,8 @@ class Field(ArrayData):
 class Ndarray(ArrayData):
     """``qd.ndarray``: an array passed to kernels as an argument."""
 
+    _cuda_view = None  # the CUDA launcher's view of the device buffer, made on first use
+
     def __deepcopy__(self, memo):
         return self
 

@@ -221,7 +221,7 @@ class Kernel:
         if kwargs or len(args) != len(self.params):
             args = self._bind(args, kwargs)
         if config.current.arch != "cpu":
-            return self._gpu().call(args)
+            return self._gpu().caller(*args)
         return self._caller(*args)
 
     def _gpu(self):
@@ -342,12 +342,13 @@ class Kernel:
                              config=cfg, runtime_params=runtime_params, param_types=param_types,
                              template_values=templates, kernel_qualname=self.qualname)
         take_pending()
+        task_functions = []
         try:
             run_untyped_pipeline(state)
             driver, task_functions = cpu.build_driver(state, cfg.debug)
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
-            cres = cpu.compile_driver(driver, argtypes, cfg.debug)
+            cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
             if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
                 from .targets.cuda import compile_check
 
@@ -359,7 +360,8 @@ class Kernel:
         except numba_errors.NumbaError as e:
             if cfg.raw_errors:
                 raise
-            pending = take_pending() or next((tf.error for tf in getattr(state, "_tfs", ()) if tf.error), None)
+            pending = take_pending() or next(
+                (tf.error for tf in task_functions if isinstance(tf.error, QuadrantsError)), None)
             raise _wrap_numba_error(self.name, e, pending, param_types) from None
         self.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)

@@ -79,6 +79,9 @@ class Offload:
             state.tasks.append(Task.make(_task_prefix(state), index, "range_for", bounds=info["bounds"],
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
                                          header=shape.header, body=frozenset(shape.body)))
+        # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
+        # it would make the pass quadratic in the number of loops
+        remove_dead_pure(state, [lp.preheader for lp in state.loops])
         self._check_live_outs(state)
         self._insert_serial_tasks(state, covered)
         state.refresh_definitions()
@@ -165,7 +168,6 @@ class Offload:
         body = [s for s in pre.body[:-1] if s not in shape.plumbing]
         pre.body = body + new + plumbing + [pre.body[-1]]
         self._bind_targets(state, shape, space, ndim, is_grouped)
-        remove_dead_pure(state, [shape.preheader])
         return {"space": space, "total": total, "ndim": ndim, "bounds": bounds, "plumbing": plumbing,
                 "setup": new}
 

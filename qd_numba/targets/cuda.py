@@ -54,12 +54,16 @@ def _check(result, what):
 
 _native_launch_all = None
 
+# Layout of a plan's packed launch array (int64): [number of tasks, stream handle, then per task
+# (CUfunction, grid, block, address of its void*[] parameter array)].
+PACK_HEAD, PACK_TASK = 2, 4
+
 
 def native_launcher():
-    """``launch_all(fns, grids, blocks, argvs, status)``: a Numba-compiled loop calling the driver's
-    ``cuLaunchKernel`` through ctypes for every task with a positive grid, on the legacy default
-    stream. One Python-to-native transition per kernel call instead of one binding call per task.
-    ``status`` receives (task index, CUresult) of the first failure, or (-1, 0)."""
+    """``launch_all(packed) -> status``: a Numba-compiled loop calling the driver's
+    ``cuLaunchKernel`` through ctypes for every task with a positive grid. One
+    Python-to-native transition, with one array argument, per kernel call. The status is -1,
+    or ``task index << 32 | CUresult`` of the first failure."""
     global _native_launch_all
     if _native_launch_all is None:
         import numba
@@ -71,16 +75,16 @@ def native_launcher():
         launch.restype = ctypes.c_int32
 
         @numba.njit(nogil=True)
-        def launch_all(fns, grids, blocks, argvs, status):
-            status[0] = -1
-            status[1] = 0
-            for k in range(fns.shape[0]):
-                if grids[k] > 0:
-                    err = launch(fns[k], grids[k], 1, 1, blocks[k], 1, 1, 0, 0, argvs[k], 0)
+        def launch_all(packed):
+            stream = packed[1]
+            for k in range(packed[0]):
+                base = PACK_HEAD + PACK_TASK * k
+                grid = packed[base + 1]
+                if grid > 0:
+                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
                     if err != 0:
-                        status[0] = k
-                        status[1] = err
-                        return
+                        return (k << 32) | err
+            return -1
 
         _native_launch_all = launch_all
     return _native_launch_all
@@ -205,7 +209,7 @@ class ArrayView:
 
 def array_view(a, where: str) -> ArrayView:
     if isinstance(a, Ndarray):  # its buffer never moves: one view per qd.ndarray
-        view = a.__dict__.get("_cuda_view")
+        view = a._cuda_view
         if view is None:
             ensure_device(a)
             view = a._cuda_view = array_view(a._dev, where)
@@ -273,7 +277,13 @@ class TaskLaunch:
 
 
 class LaunchPlan:
-    """Everything one kernel instance needs to launch: built once, replayed on every call."""
+    """Everything one kernel instance needs to launch: built once, replayed on every call.
+
+    :attr:`run` is Python generated for this plan (see :func:`_runner_source`): straight-line
+    code that patches the cells of arguments that changed, updates grids whose iteration
+    counts depend on arguments, calls the native launcher once and copies numpy arguments
+    back. It takes the kernel's arguments followed by the views of its ndarray arguments.
+    """
 
     def __init__(self, kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, ret):
         self.kernel, self.state, self.launches = kernel, state, launches
@@ -285,79 +295,137 @@ class LaunchPlan:
         self.ret = ret                      # (byte offset, numpy dtype) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
-        self._ctx_cell = cells[cuda_tasks.PARAM_CTX][0]
-        self._ctx_ptr = self._ctx_cell.value
-        # (argument index, kind, name, cells) of every runtime argument some task reads
-        self._arg_cells = [(i, kind, name, cells[name]) for i, (name, kind) in enumerate(params)
-                           if kind != "template" and name in cells]
-        self._dynamic = [(k, launch.total_index, launch.block) for k, launch in enumerate(launches)
-                         if launch.total_index is not None]
-        self._last, self._last_key = {}, {}
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
-        self.totals_arrays = [i for i in self.totals_args if params[i][1] == "ndarray"]
-        self._totals_key = None
-        self._prepare_native(self.rt)
+        self.packed = self._pack(self.rt)
+        self.launch_all = native_launcher()
+        self.run = self._make_runner()
 
-    def launch(self, args, views):
-        rt = self.rt
-        if self._ctx_ptr != rt.ctx_ptr:  # the field table grew (moved)
-            self._ctx_ptr = self._ctx_cell.value = rt.ctx_ptr
-        for index, kind, name, cells in self._arg_cells:
-            if kind == "scalar":
-                cells[0].value = args[index]
-                continue
-            v = views[name]
-            if self._last.get(name) is not v:  # views of qd.ndarrays are cached: identity is enough
-                key = (v.ptr, v.shape, v.strides)
-                if self._last_key.get(name) != key:
-                    self._last_key[name] = key
-                    nitems = 1
-                    for n in v.shape:
-                        nitems *= n
-                    values = (0, 0, nitems, v.dtype.itemsize, v.ptr, *v.shape, *v.strides)
-                    for cell, value in zip(cells, values):
-                        cell.value = value
-                self._last[name] = v
-        if self.totals_fn is not None and self._totals_changed(args):
-            totals = self.totals_fn(args)
-            grids, max_grid = self.grids, rt.max_grid
-            for k, total_index, block in self._dynamic:
-                total = totals[total_index]
-                if total is not None:
-                    grids[k] = _grid(total, block, max_grid)
-        self.launch_all(self.fns, self.grids, self.blocks, self.argvs, self.status)
-        if self.status[0] >= 0:
-            task = self.launches[int(self.status[0])].task
-            _check((_driver().CUresult(int(self.status[1])),), f"launching {task.name}")
-
-    def _totals_changed(self, args):
-        """False when the iteration counts cannot have changed since the last call: the same
-        ``qd.ndarray`` objects (whose shapes never change; the key holds them, so an id is
-        never reused) and equal scalars. Other array kinds are re-read every call."""
-        for i in self.totals_arrays:
-            if type(args[i]) is not Ndarray:   # numpy/torch/cupy: shapes may differ, no cheap key
-                self._totals_key = None
-                return True
-        key = tuple(args[i] for i in self.totals_args)  # Ndarray compares by identity
-        if key == self._totals_key:
-            return False
-        self._totals_key = key
-        return True
-
-    def _prepare_native(self, rt):
-        """The arrays the native launcher reads; grids of loops with host-known counts are final."""
-        self.fns = np.array([int(launch.fn) for launch in self.launches], np.uint64)
-        self.argvs = np.array([launch.argv for launch in self.launches], np.uint64)
-        self.blocks = np.array([launch.block for launch in self.launches], np.uint32)
-        self.grids = np.array([launch.grid for launch in self.launches], np.uint32)
-        self.status = np.zeros(2, np.int64)
+    def _pack(self, rt):
+        """The native launcher's array; grids of loops with host-known counts are final."""
+        packed = np.zeros(PACK_HEAD + PACK_TASK * len(self.launches), np.int64)
+        packed[0] = len(self.launches)
+        packed[1] = 0  # the legacy default stream
         for k, launch in enumerate(self.launches):
+            grid = launch.grid
             if launch.total_index is not None and self.static_totals is not None:
                 total = self.static_totals[launch.total_index]
                 if total is not None:
-                    self.grids[k] = _grid(total, launch.block, rt.max_grid)
-        self.launch_all = native_launcher()
+                    grid = _grid(total, launch.block, rt.max_grid)
+            packed[PACK_HEAD + PACK_TASK * k:PACK_HEAD + PACK_TASK * (k + 1)] = (
+                int(launch.fn), grid, launch.block, launch.argv)
+        return packed
+
+    # -- pieces the generated runner calls ------------------------------------------------------
+    def _set_ctx(self, ptr):
+        self.cells[cuda_tasks.PARAM_CTX][0].value = ptr
+
+    def _patch_view(self, name, view, last_key):
+        """Write an ndarray argument's cells (meminfo, parent, nitems, itemsize, data, shape,
+        strides); returns the new key, skipping the writes when it equals ``last_key``."""
+        key = (view.ptr, view.shape, view.strides)
+        if key != last_key:
+            nitems = 1
+            for n in view.shape:
+                nitems *= n
+            values = (0, 0, nitems, view.dtype.itemsize, view.ptr, *view.shape, *view.strides)
+            for cell, value in zip(self.cells[name], values):
+                cell.value = value
+        return key
+
+    def _update_grids(self, args):
+        totals = self.totals_fn(args)
+        packed, max_grid = self.packed, self.rt.max_grid
+        for k, launch in enumerate(self.launches):
+            if launch.total_index is not None:
+                total = totals[launch.total_index]
+                if total is not None:
+                    packed[PACK_HEAD + PACK_TASK * k + 1] = _grid(total, launch.block, max_grid)
+
+    def _failed(self, status):
+        task = self.launches[status >> 32].task
+        _check((_driver().CUresult(status & 0xFFFFFFFF),), f"launching {task.name}")
+
+    def _result(self):
+        off, dt = self.ret
+        raw = self.tmp_dev[off:off + dt.itemsize].copy_to_host()
+        result = raw.view(dt)[0].item()
+        rt = self.kernel.return_type
+        if isinstance(rt, types.Integer):
+            return int(result)
+        if isinstance(rt, types.Float):
+            return float(result)
+        if isinstance(rt, types.Boolean):
+            return bool(result)
+        return result
+
+    def _make_runner(self):
+        src, ns = _runner_source(self)
+        exec(compile(src, f"<qd_numba launch {self.kernel.qualname}>", "exec"), ns)
+        return ns["make"]()
+
+
+def _copy_back(view):
+    if not view.readonly:
+        view.keep.copy_to_host(view.host)
+
+
+_UNSET = object()
+
+
+def _runner_source(plan):
+    """Source of ``make() -> run(*args, *ndarray views)`` for one plan, and its namespace.
+
+    Per argument only what its kind needs: a scalar writes its cell; an ndarray re-patches
+    its cells when its view is not the one of the last call (qd.ndarray views are cached, so
+    identity is enough) and is copied back when it is a numpy array. Iteration counts are
+    recomputed when an argument they read changed: a different qd.ndarray object (their
+    shapes never change) or scalar, or any other array kind (no cheap key)."""
+    params = plan.params
+    args = [f"a{i}" for i in range(len(params))]
+    views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
+    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all, "packed": plan.packed,
+          "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
+    state = ["ctx = 0"]   # the context pointer of the last call (0: never)
+    body = ["if rt.ctx_ptr != ctx:  # first call, or the field table grew (moved)",
+            "    ctx = rt.ctx_ptr",
+            "    plan._set_ctx(ctx)"]
+    for i, (name, kind) in enumerate(params):
+        if kind == "template" or name not in plan.cells:
+            continue
+        if kind == "scalar":
+            (cell,) = plan.cells[name]
+            ns[f"c{i}"] = cell
+            body.append(f"c{i}.value = a{i}")
+        else:
+            ns[f"n{i}"] = name
+            state += [f"last{i} = None", f"key{i} = None"]
+            body += [f"if v{i} is not last{i}:",
+                     f"    last{i} = v{i}",
+                     f"    key{i} = plan._patch_view(n{i}, v{i}, key{i})"]
+    if plan.totals_fn is not None:
+        changed = []
+        for i in plan.totals_args:
+            state.append(f"t{i} = UNSET")
+            changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if params[i][1] == "ndarray"
+                           else f"a{i} != t{i}")
+        tracked = [f"t{i}" for i in plan.totals_args]
+        body += [f"if {' or '.join(changed)}:" if changed else "if True:",
+                 *(f"    {t} = a{i}" for t, i in zip(tracked, plan.totals_args)),
+                 f"    plan._update_grids(({', '.join(args)}{',' if len(args) == 1 else ''}))"]
+    body += ["status = launch_all(packed)",
+             "if status >= 0:",
+             "    plan._failed(status)"]
+    for i, v in views.items():
+        body.append(f"if {v}.host is not None: copy_back({v})")
+    body.append("return plan._result()" if plan.ret is not None else "return None")
+    names = [s.split(" = ")[0] for s in state]
+    lines = ["def make():", *(f"    {s}" for s in state),
+             f"    def run({', '.join(args + list(views.values()))}):",
+             *([f"        nonlocal {', '.join(names)}"] if names else []),
+             *(f"        {line}" for line in body),
+             "    return run"]
+    return "\n".join(lines) + "\n", ns
 
 
 def _grid(total: int, block: int, max_grid: int) -> int:
@@ -382,30 +450,45 @@ class CudaKernel:
         for p in kernel.params:
             if p.kind == "scalar":
                 p.exact_types = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
+        self.caller = self._make_caller()
 
     # -- the call path ---------------------------------------------------------------------------
     def call(self, args):
-        kernel = self.kernel
-        views, key = self._spec(args)
-        plan = self.plans.get(key) or self._plan(args, views, key)
-        plan.launch(args, views)
-        result = None
-        if views:
-            for v in views.values():
-                if v.host is not None and not v.readonly:
-                    v.keep.copy_to_host(v.host)
-        if plan.ret is not None:
-            off, dt = plan.ret
-            raw = plan.tmp_dev[off:off + dt.itemsize].copy_to_host()
-            result = raw.view(dt)[0].item()
-            rt = kernel.return_type
-            if isinstance(rt, types.Integer):
-                result = int(result)
-            elif isinstance(rt, types.Float):
-                result = float(result)
-            elif isinstance(rt, types.Boolean):
-                result = bool(result)
-        return result
+        return self.caller(*args)
+
+    def _make_caller(self):
+        """Generate this kernel's call path: views and spec key of the arguments, the plan
+        lookup, then the plan's runner (:func:`_runner_source`). Scalars of an exact Python
+        or numpy type pass without a check; anything else is validated."""
+        params = self.kernel.params
+        args = [f"a{i}" for i in range(len(params))]
+        ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
+              "plans": self.plans, "build": self._plan_from_call, "check_scalar": _check_scalar,
+              "kernel": self.kernel}
+        body, key, views = [], [], []
+        for i, p in enumerate(params):
+            if p.kind == "ndarray":
+                ns[f"w{i}"] = self._where[i]
+                body += [f"v{i} = a{i}._cuda_view if type(a{i}) is Ndarray else None",
+                         f"if v{i} is None: v{i} = array_view(a{i}, w{i})"]
+                key.append(f"v{i}.spec")
+                views.append(f"v{i}")
+            elif p.kind == "template":
+                key.append(f"template_key(a{i})")
+            else:
+                ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
+                body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
+        tup = lambda items: f"({', '.join(items)}{',' if len(items) == 1 else ''})"  # noqa: E731
+        body += [f"plan = plans.get({tup(key)})",
+                 f"if plan is None: plan = build({tup(args)}, {tup(views)}, {tup(key)})",
+                 f"return plan.run({', '.join(args + views)})"]
+        src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body)]) + "\n"
+        exec(compile(src, f"<qd_numba cuda call {self.kernel.qualname}>", "exec"), ns)
+        return ns["call"]
+
+    def _plan_from_call(self, args, view_list, key):
+        names = [p.name for p in self.kernel.params if p.kind == "ndarray"]
+        return self._plan(args, dict(zip(names, view_list)), key)
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""
@@ -427,7 +510,7 @@ class CudaKernel:
         for p, a, where in zip(self.kernel.params, args, self._where):
             kind = p.kind
             if kind == "ndarray":
-                v = a.__dict__.get("_cuda_view") if type(a) is Ndarray else None
+                v = a._cuda_view if type(a) is Ndarray else None
                 if v is None:
                     v = array_view(a, where)
                 views[p.name] = v

@@ -460,33 +460,6 @@ def _retarget(ir, block, fn):
 
 # -- host-side iteration counts -------------------------------------------------------------------------
 
-def _py_range_dim(*args):
-    if len(args) == 1:
-        return ((0, int(args[0]), 1),)
-    if len(args) == 2:
-        return ((int(args[0]), int(args[1]), 1),)
-    return ((int(args[0]), int(args[1]), int(args[2])),)
-
-
-def _py_ndrange_dim(arg):
-    if isinstance(arg, tuple):
-        return (int(arg[0]), int(arg[1]), 1)
-    return (0, int(arg), 1)
-
-
-def _py_count(start, stop, step):
-    if step > 0:
-        return max(0, (stop - start + step - 1) // step)
-    return max(0, (start - stop - step - 1) // (-step))
-
-
-def _py_space_total(space):
-    total = 1
-    for d in space:
-        total *= _py_count(*d)
-    return total
-
-
 def totals_source(state, units, param_ndims, arg_positions=None):
     """Python source of ``def totals(<runtime params>)`` returning each range-for unit's
     iteration count (None where it is not a pure function of the arguments), or None when no
@@ -553,8 +526,8 @@ def totals_source(state, units, param_ndims, arg_positions=None):
                 ndim = param_ndims.get(root)
                 rhs = f"tuple((0, int(s), 1) for s in tuple({args[0]}.shape)[:{ref(ndim)}])"
             else:
-                py = {spaces.range_dim: _py_range_dim, spaces.ndrange_dim: _py_ndrange_dim,
-                      spaces.space_total: _py_space_total}.get(fn, MISSING)
+                py = {spaces.range_dim: spaces.host_range_dim, spaces.ndrange_dim: spaces.host_ndrange_dim,
+                      spaces.space_total: spaces.host_space_total}.get(fn, MISSING)
                 if py is MISSING:
                     return False
                 rhs = f"{ref(py)}({', '.join(args)})"

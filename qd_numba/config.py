@@ -55,11 +55,7 @@ class Config:
     aggressive_kernel_fusion_raw: bool = True    # QD_AGGRESSIVE_KERNEL_FUSION_RAW: same-thread read-after-write rule
     aggressive_kernel_fusion_diag: bool = False  # QD_AGGRESSIVE_KERNEL_FUSION_DIAG: print fusion decisions
     kernel_fusion_budget: int = 600              # QD_KERNEL_FUSION_BUDGET: max IR statements of a fused body
-
-    def codegen_key(self) -> tuple:
-        """The options that change generated code (part of every compile key)."""
-        return (self.arch, self.debug, str(self.default_fp), str(self.default_ip), self.aggressive_kernel_fusion,
-                self.aggressive_kernel_fusion_raw, self.kernel_fusion_budget)
+    verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -81,6 +77,7 @@ def config_from_env(**overrides) -> Config:
         aggressive_kernel_fusion_raw=env_flag("QD_AGGRESSIVE_KERNEL_FUSION_RAW", True),
         aggressive_kernel_fusion_diag=env_flag("QD_AGGRESSIVE_KERNEL_FUSION_DIAG"),
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
+        verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):

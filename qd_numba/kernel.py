@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 
 import numpy as np
 from numba import _dispatcher
@@ -40,7 +41,7 @@ from .passes.inline_funcs import InlineFuncs
 from .passes.offload import Offload
 from .passes.resolve_globals import ResolveGlobals
 from .passes.rewrite_subscripts import RewriteSubscripts
-from .passes.verify import verify_ir
+from .passes.verify import verify_final, verify_ir
 from .typing.field import FieldType
 
 # -- annotations -------------------------------------------------------------------------------
@@ -183,6 +184,19 @@ class Instance:
         self.cres, self.task_functions, self.state = cres, task_functions, state
 
 
+_KERNELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_compiled() -> None:
+    """Drop every kernel's compiled instances and launch plans (``qd.init`` does: a new
+    configuration, e.g. ``debug`` or another arch, changes the code kernels compile to)."""
+    for kernel in list(_KERNELS):
+        with kernel._lock:
+            kernel._instances.clear()
+            kernel.last_instance = None
+            kernel.__dict__.pop("_gpu_kernel", None)
+
+
 class Kernel:
     def __init__(self, fn, *, graph: bool = False, fuse=None):
         self.fn = fn
@@ -213,6 +227,7 @@ class Kernel:
         self.compile_count = 0
         self.last_instance = None
         self._caller = self._make_caller()
+        _KERNELS.add(self)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -393,7 +408,7 @@ class Kernel:
 
 def run_untyped_pipeline(state) -> None:
     """BindArguments, then (ResolveGlobals, InlineFuncs, FoldStatic) to a fixed point, then
-    RewriteSubscripts and Offload; the IR is verified after every pass."""
+    RewriteSubscripts, Offload and fusion; the IR is verified after every pass (passes/verify.py)."""
     stages = []
 
     def run(p):
@@ -421,6 +436,7 @@ def run_untyped_pipeline(state) -> None:
     run(RemoveDeadPure())
     run(Offload())
     run(FuseAdjacentTasks())
+    verify_final(state, "the untyped pipeline")
 
 
 PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",

@@ -8,6 +8,8 @@ saying what is missing instead of falling back silently.
 
 from __future__ import annotations
 
+import os
+
 from . import config
 from .errors import QuadrantsRuntimeError
 
@@ -37,7 +39,7 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     overrides = {k: v for k, v in dict(debug=debug, print_ir=print_ir, default_fp=default_fp,
                                        default_ip=default_ip, random_seed=random_seed,
                                        cpu_max_num_threads=cpu_max_num_threads).items() if v is not None}
-    arch = arch or cpu
+    arch = arch or os.environ.get("QD_ARCH", "").strip().lower() or cpu
     if isinstance(arch, (list, tuple)):
         arch = arch[0]
     if arch not in _ARCHES:
@@ -57,6 +59,9 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     options.pop("offline_cache", None)
     options.pop("log_level", None)
     config.current = config.config_from_env(arch=arch, **overrides, **options)
+    from .kernel import forget_compiled
+
+    forget_compiled()
     if config.current.cpu_max_num_threads:
         import numba
 

@@ -4,17 +4,25 @@
 default) every kernel a test compiles is also compiled for CUDA down to a cubin
 (``cuda_compile_check``, no GPU needed) when numba-cuda is installed, so the CUDA code path —
 our passes, types and lowering — runs on every commit; numerics come from the CPU run.
+The full IR verifier runs after every pass (``QD_VERIFY_EACH_PASS=1``).
 """
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 import pytest
 
-import qd_numba as qd
-from qd_numba.targets.cuda_compile import numba_cuda_importable
+os.environ.setdefault("QD_VERIFY_EACH_PASS", "1")  # before qd_numba reads the environment
+
+import qd_numba as qd  # noqa: E402
+from qd_numba.targets.cuda_compile import numba_cuda_importable  # noqa: E402
+
+# through the environment, so that tests calling qd.init(debug=True) etc. keep the CUDA check
+if numba_cuda_importable():
+    os.environ.setdefault("QD_CUDA_COMPILE_CHECK", "1")
 
 
 def pytest_addoption(parser):
@@ -25,12 +33,17 @@ def _arch(config):
     return config.getoption("--arch")
 
 
+def pytest_configure(config):
+    if _arch(config) == "cuda":  # tests that call qd.init(...) without an arch stay on the GPU
+        os.environ["QD_ARCH"] = "cuda"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def qd_init(request):
     if _arch(request.config) == "cuda":
         qd.init(arch=qd.cuda)
     else:
-        qd.init(arch=qd.cpu, cuda_compile_check=numba_cuda_importable())
+        qd.init(arch=qd.cpu)
     yield
 
 

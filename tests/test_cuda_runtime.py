@@ -233,3 +233,128 @@ def test_grids_follow_ndarray_shapes(rng):
         _close_f32(y.to_numpy(), 4.0 * dx.astype(np.float64) + dy, ops=2)
         kept.append((x, y))
     assert _plans() - before <= 1
+
+
+# -- debug=True: bounds checks on the device ----------------------------------------------------------------
+
+@pytest.fixture
+def cuda_debug():
+    qd.init(arch=qd.cuda, debug=True)
+    yield
+    qd.init(arch=qd.cuda)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "qd.ndarray", "torch"])
+def test_debug_ndarray_out_of_bounds(cuda_debug, rng, kind):
+    @qd.kernel
+    def oob(a: qd.types.ndarray(dtype=qd.f32, ndim=1), n: qd.i32):
+        for i in range(n):
+            a[i] = a[i] + 1.0
+
+    data = rng.uniform(-1, 1, 64).astype(np.float32)
+    if kind == "numpy":
+        a = data.copy()
+    elif kind == "qd.ndarray":
+        a = qd.ndarray(qd.f32, shape=64)
+        a.from_numpy(data)
+    else:
+        torch = pytest.importorskip("torch")
+        a = torch.from_numpy(data.copy()).cuda()
+    with pytest.raises(qd.QuadrantsRuntimeError, match=r"kernel 'oob'.*out-of-bounds.*task"):
+        oob(a, 65)
+    oob(a, 64)  # in bounds: runs and raises nothing (the failed call's effect is unspecified)
+    out = a if kind == "numpy" else a.to_numpy() if kind == "qd.ndarray" else a.cpu().numpy()
+    assert np.all(np.isfinite(out))
+
+
+def test_debug_field_out_of_bounds_second_axis(cuda_debug, rng):
+    f = qd.field(qd.i32, shape=(4, 4))
+
+    @qd.kernel
+    def oob2(m: qd.i32):
+        for i, j in qd.ndrange(4, m):
+            f[i, j] = i * 4 + j
+
+    with pytest.raises(qd.QuadrantsRuntimeError, match=r"kernel 'oob2'.*out-of-bounds.*axis 1"):
+        oob2(5)
+    oob2(4)  # the error word was cleared: a correct call passes
+    np.testing.assert_array_equal(f.to_numpy(), np.arange(16).reshape(4, 4))
+
+
+def test_debug_checks_are_off_in_release(rng):
+    @qd.kernel
+    def scale(a: qd.types.ndarray(dtype=qd.f32, ndim=1), s: qd.f32):
+        for i in range(a.shape[0]):
+            a[i] = a[i] * s
+
+    data = rng.uniform(-1, 1, 256).astype(np.float32)
+    a = data.copy()
+    scale(a, 3.0)
+    _close_f32(a, data.astype(np.float64) * 3.0)
+    plan = scale._gpu().plan_for((a, 3.0))
+    assert plan.error_words == []  # release kernels record nothing and the launcher never syncs
+    qd.init(arch=qd.cuda, debug=True)
+    try:
+        plan = scale._gpu().plan_for((a, 3.0))
+        assert len(plan.error_words) == 1
+        scale(a, 2.0)
+        _close_f32(a, data.astype(np.float64) * 6.0, ops=2)
+    finally:
+        qd.init(arch=qd.cuda)
+
+
+class _DLPackOnly:
+    """An array that offers only the DLPack protocol (like JAX arrays), wrapping a torch tensor."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, stream=None):
+        return self._t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def test_dlpack_arrays_in_place(rng):
+    torch = pytest.importorskip("torch")
+    x0 = rng.uniform(-1, 1, 3000).astype(np.float32)
+    y0 = rng.uniform(-1, 1, 3000).astype(np.float32)
+    x, y = torch.from_numpy(x0).cuda(), torch.from_numpy(y0.copy()).cuda()
+    axpy(_DLPackOnly(x), _DLPackOnly(y), 0.5)
+    _close_f32(y.cpu().numpy(), 0.5 * x0.astype(np.float64) + y0)
+    # a strided DLPack view: every other element of a 2-D tensor's rows
+    m = torch.from_numpy(rng.uniform(-1, 1, (40, 50)).astype(np.float32)).cuda()
+    col = m[:, ::2]
+    before = m.cpu().numpy().copy()
+
+    @qd.kernel
+    def double(a: qd.types.ndarray(dtype=qd.f32, ndim=2)):
+        for i, j in qd.ndrange(a.shape[0], a.shape[1]):
+            a[i, j] = a[i, j] * 2.0
+
+    double(_DLPackOnly(col))
+    ref = before.copy()
+    ref[:, ::2] *= 2.0
+    np.testing.assert_array_equal(m.cpu().numpy(), ref)
+
+
+def test_dlpack_host_array_is_our_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(qd.QuadrantsTypeError, match="DLPack array on device type 1"):
+        axpy(_DLPackOnly(torch.zeros(8)), _DLPackOnly(torch.zeros(8)), 1.0)
+
+
+def test_block_size_from_occupancy(rng):
+    from qd_numba.targets.cuda import CudaRuntime
+
+    x = rng.uniform(-1, 1, 100_000).astype(np.float32)
+    y = rng.uniform(-1, 1, 100_000).astype(np.float32)
+    ref = 1.5 * x.astype(np.float64) + y
+    axpy(x, y, 1.5)
+    _close_f32(y, ref)
+    (launch,) = axpy._gpu().plan_for((x, y, 1.5)).launches
+    rt = CudaRuntime.get()
+    assert launch.block % 32 == 0 and 32 <= launch.block <= 1024
+    assert launch.grid * launch.block <= rt.max_threads  # never more threads than RNG states
+    assert launch.grid >= rt.sm_count  # saturating: at least one block per SM

@@ -445,3 +445,22 @@ def test_reinit_turns_debug_off():
     from qd_numba import config
 
     assert config.current.debug is False
+
+
+def test_init_recompiles_kernels_for_the_new_config(rng):
+    @qd.kernel
+    def poke(a: qd.types.ndarray(dtype=qd.f32, ndim=1), k: qd.i32):
+        for i in range(1):
+            a[k + i] = 1.0
+
+    buf = rng.uniform(-1, 1, 8).astype(np.float32)
+    poke(buf[:4], 2)  # compiled without bounds checks
+    assert buf[2] == 1.0
+    qd.init(debug=True)  # a new configuration: the kernel compiles again, with checks
+    try:
+        before = buf.copy()
+        with pytest.raises(qd.QuadrantsRuntimeError, match="poke"):
+            poke(buf[:4], 4)
+        np.testing.assert_array_equal(buf, before)
+    finally:
+        qd.init()

@@ -8,8 +8,11 @@ bounds. :func:`array_load` / :func:`array_store` compute the element address dir
 the index selects one element of a plain array (one integer per dimension); any other index
 (slices, vector indices, a partial index giving a view) is the ordinary ``a[i]``.
 
-passes/array_access.py rewrites kernel accesses to these helpers (not with ``debug=True``,
-where Numba's bounds checks stay in place).
+passes/array_access.py rewrites kernel accesses to these helpers; with ``debug=True`` to
+:func:`checked_array_load` / :func:`checked_array_store`, which also check every index against
+its axis (a negative index is out of bounds) and raise ``IndexError`` — on the CPU and on CUDA,
+where numba-cuda itself never checks bounds. Other indices keep Numba's indexing (bounds-checked
+by Numba on the CPU under ``debug=True``).
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ import operator
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .field import _index_arity, _index_values
+from .field import _index_arity, _index_values, bounds_check
 
 
 def _is_element_access(arr, idx) -> bool:
     return isinstance(arr, types.Array) and arr.ndim >= 1 and _index_arity(idx) == arr.ndim
 
 
-def _element_pointer(context, builder, arrty, arrval, idxty, idxval):
+def _element_pointer(context, builder, arrty, arrval, idxty, idxval, checked=False):
     ary = context.make_array(arrty)(context, builder, arrval)
     shape = cgutils.unpack_tuple(builder, ary.shape, arrty.ndim)
     strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
     raw, raw_types = _index_values(builder, idxty, idxval)
     inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
+    if checked:
+        bounds_check(context, builder, inds, shape, arrty)
     return cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)
 
 
@@ -50,29 +55,49 @@ def _fallback(typingctx, fn, argtys):
     return sig.return_type(*argtys), codegen
 
 
-@intrinsic
-def array_load(typingctx, arr, idx):
-    """``arr[idx]``; one element of an array: no wraparound."""
+def _load(typingctx, arr, idx, checked):
     if not _is_element_access(arr, idx):
         return _fallback(typingctx, operator.getitem, (arr, idx))
 
     def codegen(context, builder, sig, args):
-        ptr = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], checked)
         return context.unpack_value(builder, sig.return_type, ptr)
 
     return arr.dtype(arr, idx), codegen
 
 
-@intrinsic
-def array_store(typingctx, arr, idx, value):
-    """``arr[idx] = value``; one element of a writable array: no wraparound."""
+def _store(typingctx, arr, idx, value, checked):
     if not _is_element_access(arr, idx) or not arr.mutable or not typingctx.can_convert(value, arr.dtype):
         return _fallback(typingctx, operator.setitem, (arr, idx, value))
 
     def codegen(context, builder, sig, args):
         arrty, idxty, valty = sig.args
-        ptr = _element_pointer(context, builder, arrty, args[0], idxty, args[1])
+        ptr = _element_pointer(context, builder, arrty, args[0], idxty, args[1], checked)
         context.pack_value(builder, arrty.dtype, context.cast(builder, args[2], valty, arrty.dtype), ptr)
         return context.get_dummy_value()
 
     return types.none(arr, idx, value), codegen
+
+
+@intrinsic
+def array_load(typingctx, arr, idx):
+    """``arr[idx]``; one element of an array: no wraparound."""
+    return _load(typingctx, arr, idx, False)
+
+
+@intrinsic
+def array_store(typingctx, arr, idx, value):
+    """``arr[idx] = value``; one element of a writable array: no wraparound."""
+    return _store(typingctx, arr, idx, value, False)
+
+
+@intrinsic
+def checked_array_load(typingctx, arr, idx):
+    """``arr[idx]`` with a bounds check (``debug=True``)."""
+    return _load(typingctx, arr, idx, True)
+
+
+@intrinsic
+def checked_array_store(typingctx, arr, idx, value):
+    """``arr[idx] = value`` with a bounds check (``debug=True``)."""
+    return _store(typingctx, arr, idx, value, True)

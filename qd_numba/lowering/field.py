@@ -80,6 +80,22 @@ def _index_values(builder, idxty, idxval):
     return cgutils.unpack_tuple(builder, idxval, len(idxty)), list(idxty)
 
 
+def call_conv(context):
+    """The calling convention of the function being lowered: numba-cuda keeps it on the function
+    descriptor (its ``context.call_conv`` is deprecated), Numba's CPU target on the context."""
+    conv = getattr(getattr(context, "fndesc", None), "call_conv", None)
+    return conv if conv is not None else context.call_conv
+
+
+def bounds_check(context, builder, inds, shape, ty) -> None:
+    """Raise IndexError unless ``0 <= inds[k] < shape[k]`` for every axis (one unsigned compare
+    each: a negative index is out of bounds, as in Quadrants; there is no wraparound)."""
+    for axis, (ind, dim) in enumerate(zip(inds, shape)):
+        out = builder.icmp_unsigned(">=", ind, dim)
+        with cgutils.if_unlikely(builder, out):
+            call_conv(context).return_user_exc(builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",))
+
+
 def _component_pointers(context, builder, ty, val, idxty, idxval):
     """Pointers to each component of the selected element, bounds-checked if ``ty.checked``."""
     dtype, ndim, elem_shape, checked, arrty = _layout(ty)
@@ -91,12 +107,7 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
     intp = context.get_value_type(types.intp)
     inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
     if checked:
-        for axis, (ind, dim) in enumerate(zip(inds, shape)):
-            out = builder.icmp_unsigned(">=", ind, dim)
-            with cgutils.if_unlikely(builder, out):
-                context.call_conv.return_user_exc(
-                    builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",)
-                )
+        bounds_check(context, builder, inds, shape, ty)
     if len(inds) == arrty.ndim:  # a single component of a vector/matrix element
         return [cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)]
     pointers = []

@@ -5,8 +5,9 @@ Input: the kernel IR after RewriteSubscripts and CheckReadonlyWrites. Every ``a[
 base is a plain-array runtime parameter (``types.Array`` in ``state.param_types``) becomes a
 call of ``array_load``/``array_store`` (lowering/array_access.py), which compute the element
 address directly when the index selects one element and fall back to ``a[i]`` otherwise.
-Fields and ndarrays of vectors already use their own accessors; ``debug=True`` keeps Numba's
-bounds-checked indexing, so this pass changes nothing then. Never touches control flow.
+Fields and ndarrays of vectors already use their own accessors. With ``debug=True`` the
+accesses become ``checked_array_load``/``checked_array_store``, which add a bounds check per
+axis (the only bounds checks ndarray arguments get on CUDA). Never touches control flow.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ class DirectArrayAccess:
     name = "direct_array_access"
 
     def run(self, state) -> bool:
-        if state.config.debug or not any(isinstance(t, types.Array) for t in state.param_types.values()):
+        if not any(isinstance(t, types.Array) for t in state.param_types.values()):
             return False
+        checked = state.config.debug
+        self.load = array_access.checked_array_load if checked else array_access.array_load
+        self.store = array_access.checked_array_store if checked else array_access.array_store
         state.refresh_definitions()
         changed = False
         for block in state.func_ir.blocks.values():
@@ -49,15 +53,14 @@ class DirectArrayAccess:
                 return None
             pre, index = self._index(state, block, stmt, loc)
             out = block.scope.redefine("$qd_stored", loc)
-            return pre + self._call(state, block, array_access.array_store, [stmt.target, index, stmt.value],
-                                    out, loc)
+            return pre + self._call(state, block, self.store, [stmt.target, index, stmt.value], out, loc)
         if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) \
                 and stmt.value.op in ("getitem", "static_getitem"):
             expr = stmt.value
             if not _array_param(state, expr.value):
                 return None
             pre, index = self._index(state, block, expr, loc)
-            return pre + self._call(state, block, array_access.array_load, [expr.value, index], stmt.target, loc)
+            return pre + self._call(state, block, self.load, [expr.value, index], stmt.target, loc)
         return None
 
     @staticmethod

@@ -351,8 +351,10 @@ def _access_callees() -> dict:
     table = {sub_impl.atomic_update: "atomic", sub_impl.nested_atomic: "atomic", sub_impl.write_back: "store"}
     direct = sys.modules.get("qd_numba.lowering.array_access")   # the DirectArrayAccess rewrite
     if direct is not None:
-        table[direct.array_load] = "load"
-        table[direct.array_store] = "store"
+        for load in (direct.array_load, direct.checked_array_load):
+            table[load] = "load"
+        for store in (direct.array_store, direct.checked_array_store):
+            table[store] = "store"
     return table
 
 

@@ -32,7 +32,7 @@ from ..kernel import template_key  # this module is imported by kernel.py's GPU 
 from ..lowering import device
 from . import cuda_tasks
 
-BLOCK_SIZE = 256
+FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
 
 
 def _driver():
@@ -110,7 +110,8 @@ class CudaRuntime:
         dev = self.context.device
         self.cc = tuple(dev.compute_capability)
         self.sm_count = int(dev.MULTIPROCESSOR_COUNT)
-        self.max_grid = self.sm_count * (2048 // BLOCK_SIZE)
+        # every resident thread of the device: the most a saturating grid-stride launch uses
+        self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
         install_cuda_ufunc_math_fallbacks()
         self._slots = {}                # id(field) -> slot
         self._fields = []               # keep fields alive while they have a slot
@@ -121,9 +122,10 @@ class CudaRuntime:
         self.seed_rng(config.current.random_seed)
 
     def seed_rng(self, seed) -> None:
-        """One xorshift32 state per thread of the largest grid (``qd.random`` on the device)."""
+        """One xorshift32 state per resident thread (``qd.random`` on the device; launches never
+        exceed the occupancy limit, so the global thread index selects a state)."""
         gen = np.random.default_rng(seed)
-        states = gen.integers(1, 2**32, self.max_grid * BLOCK_SIZE, dtype=np.uint64).astype(np.uint32)
+        states = gen.integers(1, 2**32, self.max_threads, dtype=np.uint64).astype(np.uint32)
         self._rng_dev = self.cuda.to_device(states)
         self.rng_ptr = int(self._rng_dev.device_ctypes_pointer.value)
 
@@ -154,6 +156,29 @@ class CudaRuntime:
             self._fields.append(field)
             self._slots[key] = slot
         return slot
+
+    def global_address(self, module, symbol: str) -> int:
+        err, address, _ = _driver().cuModuleGetGlobal(module, symbol.encode())
+        _check((err,), f"cuModuleGetGlobal({symbol})")
+        return int(address)
+
+    def read_i32(self, address: int) -> int:
+        value = ctypes.c_int32()
+        _check(_driver().cuMemcpyDtoH(ctypes.addressof(value), address, 4), "cuMemcpyDtoH")
+        return value.value
+
+    def write_i32(self, address: int, value: int) -> None:
+        _check(_driver().cuMemsetD32(address, value, 1), "cuMemsetD32")
+
+    def occupancy(self, fn) -> tuple[int, int]:
+        """(saturating grid, block size) of a grid-stride kernel: the driver's occupancy
+        calculator picks the block size with the most resident warps for this function's
+        registers, and the smallest grid reaching that occupancy on every SM."""
+        err, min_grid, block = _driver().cuOccupancyMaxPotentialBlockSize(fn, None, 0, 0)
+        if int(err) != 0 or block <= 0 or min_grid <= 0:
+            block = FALLBACK_BLOCK
+            return max(1, self.max_threads // block), block
+        return int(min_grid), int(block)
 
     def load_function(self, cubin: bytes, entry: str):
         drv = _driver()
@@ -206,6 +231,17 @@ class ArrayView:
         self.c_contiguous = contiguous
         self.spec = (dtype.num, dtype.itemsize, len(shape), contiguous, readonly)  # cheap to hash
 
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
 
 def array_view(a, where: str) -> ArrayView:
     if isinstance(a, Ndarray):  # its buffer never moves: one view per qd.ndarray
@@ -237,8 +273,77 @@ def array_view(a, where: str) -> ArrayView:
         strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
         ptr, readonly = cai["data"]
         return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+    if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
+        return _dlpack_view(a, where)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "
                              f"numba-cuda), got {type(a).__name__}")
+
+
+# -- DLPack: arrays that offer neither a CUDA array interface nor a numba-cuda view ---------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor)))]
+
+_DL_CUDA, _DL_CUDA_MANAGED = 2, 13
+_DL_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}  # DLPack type codes: int, uint, float, bool
+
+
+class _DLPackOwner:
+    """Holds a consumed DLPack tensor for as long as a view of it is in use, then calls its
+    deleter (the producer's storage stays alive until then)."""
+
+    def __init__(self, managed):
+        self.managed = managed
+
+    def __del__(self):
+        deleter = self.managed.contents.deleter
+        if deleter:
+            deleter(self.managed)
+
+
+def _dlpack_view(a, where: str) -> ArrayView:
+    """An ArrayView of a CUDA DLPack producer. ``stream=1`` asks the producer to order its
+    pending work before the legacy default stream, where qd_numba launches."""
+    device_type, _ = a.__dlpack_device__()
+    if int(device_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise QuadrantsTypeError(f"{where}: a DLPack array on device type {int(device_type)} cannot be passed "
+                                 "to a CUDA kernel; move it to the GPU or pass a numpy array")
+    capsule = a.__dlpack__(stream=1)
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    set_name = ctypes.pythonapi.PyCapsule_SetName
+    set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    managed = ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(_DLManagedTensor))
+    set_name(capsule, b"used_dltensor")  # we own it now: the capsule must not delete it
+    owner = _DLPackOwner(managed)
+    t = managed.contents.dl_tensor
+    kind = _DL_KINDS.get(t.dtype.code)
+    if kind is None or t.dtype.lanes != 1:
+        raise QuadrantsTypeError(f"{where}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
+                                 f"{t.dtype.lanes} lanes)")
+    dt = np.dtype(f"{kind}{t.dtype.bits // 8}") if kind != "b" else np.dtype(np.bool_)
+    shape = tuple(t.shape[k] for k in range(t.ndim))
+    strides = tuple(t.strides[k] * dt.itemsize for k in range(t.ndim)) if t.strides else \
+        device.c_strides(shape, dt.itemsize)
+    return ArrayView(dt, shape, strides, int(t.data or 0) + int(t.byte_offset), False, keep=owner)
 
 
 def _view_type(where, spec, view):
@@ -251,7 +356,7 @@ def _view_type(where, spec, view):
     if view.readonly:
         stand_in = stand_in.view()
         stand_in.flags.writeable = False
-    ty = _ndarray_type(where, spec, stand_in, False)
+    ty = _ndarray_type(where, spec, stand_in, config.current.debug)
     if not view.c_contiguous:
         ty = ty.copy(layout="A") if isinstance(ty, types.Array) else ty
     return ty
@@ -273,7 +378,8 @@ class TaskLaunch:
         self.task, self.fn, self.module = task, fn, module
         self.argv_array = argv_array                    # keeps the void*[] alive
         self.argv = ctypes.addressof(argv_array)
-        self.grid, self.block, self.total_index, self.compiled = grid, block, total_index, compiled
+        self.grid = grid                                # the saturating grid (1 for serial tasks)
+        self.block, self.total_index, self.compiled = block, total_index, compiled
 
 
 class LaunchPlan:
@@ -299,6 +405,9 @@ class LaunchPlan:
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
         self.launch_all = native_launcher()
+        # debug=True: (launch, device address of its int32 error word) per task that records exceptions
+        self.error_words = [(launch, self.rt.global_address(launch.module, launch.compiled.error_symbol))
+                            for launch in launches if launch.compiled.error_symbol]
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -311,7 +420,7 @@ class LaunchPlan:
             if launch.total_index is not None and self.static_totals is not None:
                 total = self.static_totals[launch.total_index]
                 if total is not None:
-                    grid = _grid(total, launch.block, rt.max_grid)
+                    grid = _grid(total, launch.block, launch.grid)
             packed[PACK_HEAD + PACK_TASK * k:PACK_HEAD + PACK_TASK * (k + 1)] = (
                 int(launch.fn), grid, launch.block, launch.argv)
         return packed
@@ -325,22 +434,32 @@ class LaunchPlan:
         strides); returns the new key, skipping the writes when it equals ``last_key``."""
         key = (view.ptr, view.shape, view.strides)
         if key != last_key:
-            nitems = 1
-            for n in view.shape:
-                nitems *= n
-            values = (0, 0, nitems, view.dtype.itemsize, view.ptr, *view.shape, *view.strides)
+            values = (0, 0, view.size, view.dtype.itemsize, view.ptr, *view.shape, *view.strides)
             for cell, value in zip(self.cells[name], values):
                 cell.value = value
         return key
 
     def _update_grids(self, args):
         totals = self.totals_fn(args)
-        packed, max_grid = self.packed, self.rt.max_grid
+        packed = self.packed
         for k, launch in enumerate(self.launches):
             if launch.total_index is not None:
                 total = totals[launch.total_index]
                 if total is not None:
-                    packed[PACK_HEAD + PACK_TASK * k + 1] = _grid(total, launch.block, max_grid)
+                    packed[PACK_HEAD + PACK_TASK * k + 1] = _grid(total, launch.block, launch.grid)
+
+    def _check_errors(self, args):
+        """After a debug launch: raise the first exception a thread of some task recorded (the
+        copy waits for the kernels), naming the kernel and the task, and clear the word."""
+        for launch, address in self.error_words:
+            code = self.rt.read_i32(address)
+            if code:
+                self.rt.write_i32(address, 0)
+                cls, exc_args, loc = launch.compiled.exception_of(code)
+                where = f" (task {launch.task.name}" + (f", {loc[1]}:{loc[2]}" if loc else "") + ")"
+                exc = cls(*exc_args) if exc_args else cls()
+                err = self.kernel._runtime_error(exc, args)
+                raise type(err)(f"{err}{where}") from None
 
     def _failed(self, status):
         task = self.launches[status >> 32].task
@@ -371,6 +490,11 @@ def _copy_back(view):
 
 
 _UNSET = object()
+
+
+def _tuple_src(items) -> str:
+    """Source of a tuple display of these expressions."""
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
 def _runner_source(plan):
@@ -412,11 +536,14 @@ def _runner_source(plan):
         tracked = [f"t{i}" for i in plan.totals_args]
         body += [f"if {' or '.join(changed)}:" if changed else "if True:",
                  *(f"    {t} = a{i}" for t, i in zip(tracked, plan.totals_args)),
-                 f"    plan._update_grids(({', '.join(args)}{',' if len(args) == 1 else ''}))"]
+                 # ndarrays as their views: every array kind (DLPack producers too) has .shape there
+                 f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
     body += ["status = launch_all(packed)",
              "if status >= 0:",
              "    plan._failed(status)"]
-    for i, v in views.items():
+    if plan.error_words:
+        body.append(f"plan._check_errors({_tuple_src(args)})")
+    for v in views.values():
         body.append(f"if {v}.host is not None: copy_back({v})")
     body.append("return plan._result()" if plan.ret is not None else "return None")
     names = [s.split(" = ")[0] for s in state]
@@ -478,9 +605,8 @@ class CudaKernel:
             else:
                 ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
                 body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
-        tup = lambda items: f"({', '.join(items)}{',' if len(items) == 1 else ''})"  # noqa: E731
-        body += [f"plan = plans.get({tup(key)})",
-                 f"if plan is None: plan = build({tup(args)}, {tup(views)}, {tup(key)})",
+        body += [f"plan = plans.get({_tuple_src(key)})",
+                 f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})",
                  f"return plan.run({', '.join(args + views)})"]
         src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body)]) + "\n"
         exec(compile(src, f"<qd_numba cuda call {self.kernel.qualname}>", "exec"), ns)
@@ -562,7 +688,7 @@ def field_token(field):
     from ..field import Ndarray
     from ..typing.field import FieldType
 
-    fty = FieldType(field.dtype, len(field.shape), field.elem_type, "C",
+    fty = FieldType(field.dtype, len(field.shape), field.elem_type, "C", checked=config.current.debug,
                     kind="field" if not isinstance(field, Ndarray) else "ndarray")
     return device.TypeToken(fty, tuple(field.shape) + tuple(field.element_shape))
 
@@ -598,7 +724,7 @@ def compile_tasks(kernel, state, cc, field_slot):
             print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
             tk.func_ir.dump()
         argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.runtime_args]
-        compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug)
+        compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
         typemap = compiled.typemap or {}
         for name in unit.stores:
             temp_types[name] = _lookup_type(typemap, name, unit.task)
@@ -681,7 +807,7 @@ def build_plan(kernel, args, views) -> LaunchPlan:
         ptrs = [ctypes.addressof(cell) for name in order for cell in cells[name]]
         argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         if unit.kind == "range_for" and not unit.task.serialize:
-            grid, block, total_index = rt.max_grid, BLOCK_SIZE, range_index
+            (grid, block), total_index = rt.occupancy(fn), range_index
         else:
             grid, block, total_index = 1, 1, None
         if unit.kind == "range_for":

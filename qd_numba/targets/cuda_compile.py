@@ -30,6 +30,7 @@ import struct
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -490,6 +491,31 @@ _UFUNC_MATH = {"sqrt": "sqrt", "exp": "exp", "expm1": "expm1", "log1p": "log1p",
 _ufunc_lock = threading.Lock()
 
 
+@functools.cache
+def install_cuda_extensions() -> None:
+    """Register with numba-cuda's own registries the qd_numba extensions Numba's do not reach.
+
+    * ``typeof``: numba-cuda's (``numba.cuda.typing.typeof.typeof_impl``) falls back to Numba's
+      for plain objects but dispatches every class object to its own ``type`` handler, which does
+      not know ``qd.Vector``/``qd.Matrix`` (classes with the ``_MatrixMeta`` metaclass).
+    * the before-inference rewrite of matrix literal lists (typing/matrix.py), on numba-cuda's
+      IR classes.
+
+    Without them ``qd.Vector([...])`` in a kernel or device function failed CUDA typing.
+    Idempotent."""
+    from numba.core.typing.typeof import typeof_impl as core_typeof_impl
+    from numba.cuda.core import ir as cuda_ir
+    from numba.cuda.core.rewrites.registry import Rewrite, register_rewrite
+    from numba.cuda.typing.typeof import typeof_impl as cuda_typeof_impl
+
+    from ..matrix import _MatrixMeta
+    from ..typing.matrix import matrix_literal_rewrite
+
+    for meta in (_MatrixMeta,):
+        cuda_typeof_impl.register(meta)(core_typeof_impl.dispatch(meta))
+    register_rewrite("before-inference")(matrix_literal_rewrite(cuda_ir, Rewrite))
+
+
 def install_cuda_ufunc_math_fallbacks() -> list[str]:
     """Teach numba-cuda to lower scalar ``np.sqrt/exp/expm1/log1p/fabs`` on the device.
 
@@ -604,6 +630,10 @@ class CompiledCudaTask:
     linker_log: str = ""
     kparams: list[tuple[int, int, int]] | None = field(default=None, repr=False)
     typemap: dict | None = field(default=None, repr=False)   # IR variable name -> Numba type
+    # exceptions=True: the int32 global holding the first exception code a thread raised
+    # (0: none), and code -> (exception class, args, location)
+    error_symbol: str | None = None
+    exception_of: Callable[[int], tuple] | None = field(default=None, repr=False)
 
     @property
     def param_buffer_size(self) -> int:
@@ -634,6 +664,7 @@ def compile_task_to_cubin(
     opt: bool = True,
     launch_bounds: int | tuple[int, ...] | None = None,
     keep_ptx: bool = True,
+    exceptions: bool = False,
 ) -> CompiledCudaTask:
     """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU.
 
@@ -641,16 +672,22 @@ def compile_task_to_cubin(
     :func:`make_task_ir`), possibly rewritten; it is consumed (Numba's passes mutate it; pass
     ``func_ir.copy()`` to keep the original).  ``argtypes`` are Numba types, one per IR argument.
     The kernel returns nothing.  ``launch_bounds`` is numba-cuda's ``(max_threads[, min_blocks
-    [, max_cluster]])``.  Thread-safe: runs under Numba's and numba-cuda's global compiler lock."""
+    [, max_cluster]])``.  ``exceptions`` (implied by ``debug``): the kernel records the first
+    exception a thread raises (qd_numba's bounds checks, ``raise`` in user code) in its
+    ``<entry>__errcode__`` global, as numba-cuda's debug kernels do
+    (:attr:`CompiledCudaTask.error_symbol`, ``exception_of``).
+    Thread-safe: runs under Numba's and numba-cuda's global compiler lock."""
     from numba.core import types as core_types
     from numba.cuda import compiler as cc_mod
     from numba.cuda import utils as cuda_utils
     from numba.cuda.core.callconv import CUDACallConv
     from numba.cuda.core.compiler_lock import global_compiler_lock
+    from numba.cuda.core.errors import NumbaDebugInfoWarning
     from numba.cuda.cudadrv import nvvm
     from numba.cuda.descriptor import cuda_target
     from numba.cuda.flags import CUDAFlags
 
+    install_cuda_extensions()
     ccn = _normalise_cc(cc)
     argtypes = tuple(argtypes)
     for t in argtypes:
@@ -689,7 +726,10 @@ def compile_task_to_cubin(
     flags.lto = False
 
     arg_names = list(func_ir.arg_names)
-    with global_compiler_lock:
+    with global_compiler_lock, warnings.catch_warnings():
+        # line info of generated task stubs: their locations point into the user's source, but
+        # the stub function itself has none, which numba-cuda warns about once per task
+        warnings.simplefilter("ignore", NumbaDebugInfoWarning)
         t0 = time.perf_counter()
         with _offline_device(ccn), cuda_utils.numba_target_override():
             tctx = cuda_target.typing_context
@@ -704,7 +744,7 @@ def compile_task_to_cubin(
             entry = cres.fndesc.llvm_func_name
             kernel = lib.get_function(entry)
             lib._entry_name = entry
-            cc_mod.kernel_fixup(kernel, debug)
+            cc_mod.kernel_fixup(kernel, debug or exceptions)
             nvvm.set_launch_bounds(kernel, launch_bounds)
             if lib.use_cooperative:
                 lib.needs_cudadevrt = True
@@ -734,6 +774,8 @@ def compile_task_to_cubin(
         linker_log=log if isinstance(log, str) else str(log),
         kparams=_cubin_kparams(cubin, kernel.name),
         typemap=dict(getattr(cres.fndesc, "typemap", None) or {}),
+        error_symbol=kernel.name + "__errcode__" if debug or exceptions else None,
+        exception_of=cres.call_helper.get_exception if debug or exceptions else None,
     )
 
 

@@ -652,7 +652,7 @@ for _name in METHOD_ARITY:
 # ---------------------------------------------------------------------------------------------
 
 
-def _resolve_callee(func_ir, var, depth=0):
+def _resolve_callee(ir_mod, func_ir, var, depth=0):
     """The Python object a call's function variable names (globals and module attributes)."""
     if depth > 4:
         return None
@@ -660,10 +660,10 @@ def _resolve_callee(func_ir, var, depth=0):
         defn = func_ir.get_definition(var)
     except KeyError:
         return None
-    if isinstance(defn, (ir.Global, ir.FreeVar)):
+    if isinstance(defn, (ir_mod.Global, ir_mod.FreeVar)):
         return defn.value
-    if isinstance(defn, ir.Expr) and defn.op == "getattr":
-        base = _resolve_callee(func_ir, defn.value, depth + 1)
+    if isinstance(defn, ir_mod.Expr) and defn.op == "getattr":
+        base = _resolve_callee(ir_mod, func_ir, defn.value, depth + 1)
         return getattr(base, defn.attr, None) if base is not None else None
     return None
 
@@ -672,72 +672,80 @@ def _is_constructor(obj) -> bool:
     return isinstance(obj, MatrixType) or getattr(obj, "_qd_matrix_constructor", False)
 
 
-@register_rewrite("before-inference")
-class RewriteMatrixLiteralLists(Rewrite):
-    """``qd.Vector([a, 1.5])`` -> ``qd.Vector((a, float32(1.5)))``.
+def matrix_literal_rewrite(ir_mod, rewrite_base):
+    """The ``RewriteMatrixLiteralLists`` rewrite for one IR flavour (``numba.core.ir`` with
+    Numba's ``Rewrite``; numba-cuda registers its twin, targets/cuda_compile.py)."""
 
-    A literal list argument (nested lists included) of a matrix constructor becomes a tuple, so
-    no heap list is built; without ``dt=`` (and for ``qd.Vector``/``qd.Matrix`` only) Python float
-    constants become ``float32`` constants, the default float of Quadrants."""
+    class RewriteMatrixLiteralLists(rewrite_base):
+        """``qd.Vector([a, 1.5])`` -> ``qd.Vector((a, float32(1.5)))``.
 
-    def match(self, func_ir, block, typemap, calltypes):
-        self._func_ir = func_ir
-        self._block = block
-        self._todo = []
-        for stmt in block.body:
-            if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
-                    and stmt.value.op == "call"):
-                continue
-            callee = _resolve_callee(func_ir, stmt.value.func)
-            if callee is None or not _is_constructor(callee):
-                continue
-            narrow = not isinstance(callee, MatrixType) and not any(k == "dt" for k, _ in stmt.value.kws)
-            lists = []
-            for arg in stmt.value.args:
-                self._collect_lists(arg, lists, 0)
-            if lists:
-                self._todo.append((stmt, lists, narrow))
-        return bool(self._todo)
+        A literal list argument (nested lists included) of a matrix constructor becomes a tuple,
+        so no heap list is built; without ``dt=`` (and for ``qd.Vector``/``qd.Matrix`` only)
+        Python float constants become ``float32`` constants, the default float of Quadrants."""
 
-    def _collect_lists(self, var, out, depth):
-        if depth > 2 or not var.name.startswith("$"):
-            return
-        try:
-            defn = self._func_ir.get_definition(var)
-        except KeyError:
-            return
-        if not (isinstance(defn, ir.Expr) and defn.op == "build_list"):
-            return
-        if not any(isinstance(s, ir.Assign) and s.value is defn for s in self._block.body):
-            return  # built in another block: leave it (typing then reports a list argument)
-        out.append(defn)
-        for item in defn.items:
-            self._collect_lists(item, out, depth + 1)
+        def match(self, func_ir, block, typemap, calltypes):
+            self._func_ir = func_ir
+            self._block = block
+            self._todo = []
+            for stmt in block.body:
+                if not (isinstance(stmt, ir_mod.Assign) and isinstance(stmt.value, ir_mod.Expr)
+                        and stmt.value.op == "call"):
+                    continue
+                callee = _resolve_callee(ir_mod, func_ir, stmt.value.func)
+                if callee is None or not _is_constructor(callee):
+                    continue
+                narrow = not isinstance(callee, MatrixType) and not any(k == "dt" for k, _ in stmt.value.kws)
+                lists = []
+                for arg in stmt.value.args:
+                    self._collect_lists(arg, lists, 0)
+                if lists:
+                    self._todo.append((stmt, lists, narrow))
+            return bool(self._todo)
 
-    def apply(self):
-        block = self._block
-        todo_lists = {id(lst) for _, lists, _ in self._todo for lst in lists}
-        narrow_lists = {id(lst) for _, lists, narrow in self._todo if narrow for lst in lists}
-        new_body = []
-        for stmt in block.body:
-            value = stmt.value if isinstance(stmt, ir.Assign) else None
-            if id(value) in todo_lists:
-                if id(value) in narrow_lists:
-                    value.items = [self._narrow_const(item, new_body) for item in value.items]
-                value.op = "build_tuple"
-            new_body.append(stmt)
-        block.body = new_body
-        return block
+        def _collect_lists(self, var, out, depth):
+            if depth > 2 or not var.name.startswith("$"):
+                return
+            try:
+                defn = self._func_ir.get_definition(var)
+            except KeyError:
+                return
+            if not (isinstance(defn, ir_mod.Expr) and defn.op == "build_list"):
+                return
+            if not any(isinstance(s, ir_mod.Assign) and s.value is defn for s in self._block.body):
+                return  # built in another block: leave it (typing then reports a list argument)
+            out.append(defn)
+            for item in defn.items:
+                self._collect_lists(item, out, depth + 1)
 
-    def _narrow_const(self, var, new_body):
-        try:
-            defn = self._func_ir.get_definition(var)
-        except KeyError:
+        def apply(self):
+            block = self._block
+            todo_lists = {id(lst) for _, lists, _ in self._todo for lst in lists}
+            narrow_lists = {id(lst) for _, lists, narrow in self._todo if narrow for lst in lists}
+            new_body = []
+            for stmt in block.body:
+                value = stmt.value if isinstance(stmt, ir_mod.Assign) else None
+                if id(value) in todo_lists:
+                    if id(value) in narrow_lists:
+                        value.items = [self._narrow_const(item, new_body) for item in value.items]
+                    value.op = "build_tuple"
+                new_body.append(stmt)
+            block.body = new_body
+            return block
+
+        def _narrow_const(self, var, new_body):
+            try:
+                defn = self._func_ir.get_definition(var)
+            except KeyError:
+                return var
+            if isinstance(defn, ir_mod.Const) and type(defn.value) is float:
+                tmp = self._block.scope.redefine("$qd_f32_const", var.loc)
+                const = ir_mod.Const(np.float32(defn.value), var.loc)
+                new_body.append(ir_mod.Assign(const, tmp, var.loc))
+                self._func_ir._definitions[tmp.name] = [const]
+                return tmp
             return var
-        if isinstance(defn, ir.Const) and type(defn.value) is float:
-            tmp = self._block.scope.redefine("$qd_f32_const", var.loc)
-            const = ir.Const(np.float32(defn.value), var.loc)
-            new_body.append(ir.Assign(const, tmp, var.loc))
-            self._func_ir._definitions[tmp.name] = [const]
-            return tmp
-        return var
+
+    return RewriteMatrixLiteralLists
+
+
+RewriteMatrixLiteralLists = register_rewrite("before-inference")(matrix_literal_rewrite(ir, Rewrite))

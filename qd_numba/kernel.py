@@ -11,6 +11,7 @@ messages, compilation — happens on a miss, in :meth:`Kernel._slow_call`.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import weakref
 
@@ -368,16 +369,12 @@ class Kernel:
                 from .targets.cuda import compile_check
 
                 compile_check(self, param_types, templates)
-        except QuadrantsError as e:
-            if take_pending() is e:  # raised inside Numba's typing, which let it through: not located yet
-                raise located(type(e), str(e), self.name, _typing_loc(e)) from None
-            raise
-        except numba_errors.NumbaError as e:
-            if cfg.raw_errors:
+        except Exception as e:
+            fallback = next((tf.error for tf in task_functions if isinstance(tf.error, QuadrantsError)), None)
+            err = compile_error(self.name, e, param_types, cfg.raw_errors, fallback)
+            if err is None:
                 raise
-            pending = take_pending() or next(
-                (tf.error for tf in task_functions if isinstance(tf.error, QuadrantsError)), None)
-            raise _wrap_numba_error(self.name, e, pending, param_types) from None
+            raise err from None
         self.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
         return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state)
@@ -505,6 +502,27 @@ def _typing_loc(exc):
                 loc = candidate
         tb = tb.tb_next
     return loc
+
+
+def is_numba_error(e) -> bool:
+    """A Numba error, from Numba's CPU pipeline or numba-cuda's own copy of it."""
+    if isinstance(e, numba_errors.NumbaError):
+        return True
+    cuda_errors = sys.modules.get("numba.cuda.core.errors")
+    return cuda_errors is not None and isinstance(e, cuda_errors.NumbaError)
+
+
+def compile_error(kernel_name, e, param_types, raw_errors: bool, pending_fallback=None):
+    """The exception to raise for ``e``, raised while compiling ``kernel_name`` on any target,
+    or None to let ``e`` through unchanged. Our errors raised inside Numba's typing get the
+    kernel name and source line; Numba's become ours (``QD_RAW_ERRORS`` keeps them)."""
+    if isinstance(e, QuadrantsError):
+        if take_pending() is e:  # raised inside Numba's typing, which let it through: not located yet
+            return located(type(e), str(e), kernel_name, _typing_loc(e))
+        return None
+    if raw_errors or not is_numba_error(e):
+        return None
+    return _wrap_numba_error(kernel_name, e, take_pending() or pending_fallback, param_types)
 
 
 def _wrap_numba_error(kernel_name, e, pending, param_types=None):

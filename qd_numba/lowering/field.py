@@ -26,6 +26,7 @@ from numba.extending import intrinsic, overload, overload_attribute, overload_me
 
 from ..errors import QuadrantsIndexError, QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
+from .raising import raise_user_error
 
 # qd op name -> (LLVM op for signed ints, unsigned ints, floats); None: not supported.
 ATOMIC_OPS = {
@@ -80,20 +81,13 @@ def _index_values(builder, idxty, idxval):
     return cgutils.unpack_tuple(builder, idxval, len(idxty)), list(idxty)
 
 
-def call_conv(context):
-    """The calling convention of the function being lowered: numba-cuda keeps it on the function
-    descriptor (its ``context.call_conv`` is deprecated), Numba's CPU target on the context."""
-    conv = getattr(getattr(context, "fndesc", None), "call_conv", None)
-    return conv if conv is not None else context.call_conv
-
-
 def bounds_check(context, builder, inds, shape, ty) -> None:
     """Raise IndexError unless ``0 <= inds[k] < shape[k]`` for every axis (one unsigned compare
     each: a negative index is out of bounds, as in Quadrants; there is no wraparound)."""
     for axis, (ind, dim) in enumerate(zip(inds, shape)):
         out = builder.icmp_unsigned(">=", ind, dim)
         with cgutils.if_unlikely(builder, out):
-            call_conv(context).return_user_exc(builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",))
+            raise_user_error(context, builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",))
 
 
 def _component_pointers(context, builder, ty, val, idxty, idxval):

@@ -19,7 +19,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..typing.field import FieldType
-from .field import call_conv
+from .raising import raise_user_error
 
 I64 = types.int64
 DIM = types.UniTuple(I64, 3)
@@ -91,7 +91,7 @@ def range_dim(typingctx, *args):
         else:
             dim = tuple(vals)
             with cgutils.if_unlikely(builder, builder.icmp_signed("==", vals[2], I64_ZERO)):
-                call_conv(context).return_user_exc(builder, ValueError, (ZERO_STEP,))
+                raise_user_error(context, builder, ValueError, (ZERO_STEP,))
         return _make_space(context, builder, [dim])
 
     return _space_type(1)(types.StarArgTuple.from_types(args)), codegen

@@ -26,10 +26,11 @@ import numpy as np
 from numba.core import types
 
 from .. import config
-from ..errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsTypeError, take_pending
+from ..errors import QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
 from ..kernel import template_key  # this module is imported by kernel.py's GPU path, after it
 from ..lowering import device
+from ..lowering.raising import device_exception
 from . import cuda_tasks
 
 FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
@@ -455,7 +456,7 @@ class LaunchPlan:
             code = self.rt.read_i32(address)
             if code:
                 self.rt.write_i32(address, 0)
-                cls, exc_args, loc = launch.compiled.exception_of(code)
+                cls, exc_args, loc = device_exception(code) or launch.compiled.exception_of(code)
                 where = f" (task {launch.task.name}" + (f", {loc[1]}:{loc[2]}" if loc else "") + ")"
                 exc = cls(*exc_args) if exc_args else cls()
                 err = self.kernel._runtime_error(exc, args)
@@ -485,8 +486,13 @@ class LaunchPlan:
 
 
 def _copy_back(view):
-    if not view.readonly:
+    """Write a numpy argument's device copy back into it (a strided view through a temporary)."""
+    if view.readonly:
+        return
+    if view.host.flags.c_contiguous:
         view.keep.copy_to_host(view.host)
+    else:
+        view.host[...] = view.keep.copy_to_host()
 
 
 _UNSET = object()
@@ -649,29 +655,17 @@ class CudaKernel:
 
     # -- building a plan ------------------------------------------------------------------------
     def _build(self, args, views):
-        from ..kernel import _wrap_numba_error
+        from ..kernel import compile_error
 
         kernel = self.kernel
+        param_types, templates = plan_types(kernel, args, views)
         try:
-            return build_plan(kernel, args, views)
-        except QuadrantsError:
-            raise
+            return build_plan(kernel, param_types, templates)
         except Exception as e:
-            from numba.core import errors as numba_errors
-
-            if config.current.raw_errors or not _is_numba_error(e, numba_errors):
+            err = compile_error(kernel.name, e, param_types, config.current.raw_errors)
+            if err is None:
                 raise
-            raise _wrap_numba_error(kernel.name, e, take_pending()) from None
-
-
-def _is_numba_error(e, numba_errors):
-    if isinstance(e, numba_errors.NumbaError):
-        return True
-    try:
-        from numba.cuda.core import errors as cuda_errors
-    except ImportError:
-        return False
-    return isinstance(e, cuda_errors.NumbaError)
+            raise err from None
 
 
 def _check_scalar(kernel, p, a):
@@ -775,8 +769,8 @@ def _lookup_type(typemap, name, task):
     raise QuadrantsRuntimeError(f"internal error: no type for '{name}' in {task.name}")
 
 
-def build_plan(kernel, args, views) -> LaunchPlan:
-    rt = CudaRuntime.get()
+def plan_types(kernel, args, views):
+    """(runtime parameter name -> Numba type, template name -> value) of a call's arguments."""
     param_types, templates = {}, {}
     for p, a in zip(kernel.params, args):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
@@ -786,6 +780,11 @@ def build_plan(kernel, args, views) -> LaunchPlan:
             param_types[p.name] = p.nbtype
         else:
             param_types[p.name] = _view_type(where, p.annotation, views[p.name])
+    return param_types, templates
+
+
+def build_plan(kernel, param_types, templates) -> LaunchPlan:
+    rt = CudaRuntime.get()
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, rt.slot_of)
     rt.plan_builds += 1

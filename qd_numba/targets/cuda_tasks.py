@@ -147,26 +147,50 @@ def _all_uses(state, labels):
 
 
 class _Slicer:
-    """Backward slices of pure definitions (recomputable in any task)."""
+    """Backward slices of pure definitions (recomputable in any task).
+
+    Only definitions outside the offloaded loops count: a variable a parallel loop assigns is
+    private to each of its iterations (Offload rejects reading it after the loop), so those
+    definitions never reach another task."""
 
     def __init__(self, state, assigns):
-        self.state, self.assigns, self.memo = state, assigns, {}
+        self.state, self.memo = state, {}
+        in_loops = set().union(*(lp.body for lp in getattr(state, "loops", ()) or ()))
+        self.assigns = {name: [d for d in defs if d[0] not in in_loops] for name, defs in assigns.items()}
 
     def slice(self, name):
         """Statements (dependency order) recomputing ``name``, or None if it is not pure."""
         if name in self.memo:
             return self.memo[name]
         self.memo[name] = None  # cycles are not pure
-        result = self._slice(name)
+        result = self._slice(name, self.slice)
         self.memo[name] = result
         return result
 
-    def _slice(self, name):
-        ir = self.state.ir
-        defs = self.assigns.get(name, [])
-        if len(defs) != 1:
+    def slice_with_loads(self, name, loadable, leaves, depth=0):
+        """Like :meth:`slice`, but a dependency that is not pure and ``loadable(dep)`` becomes a
+        leaf read from a temporary (added to ``leaves``): ``range(m)`` after ``m = a[0]`` is
+        recomputed from a load of ``m`` instead of needing a task of its own."""
+        pure = self.slice(name)
+        if pure is not None:
+            return pure
+        if loadable(name):
+            leaves.add(name)
+            return []
+        if depth > 64:
             return None
-        _, stmt = defs[0]
+        return self._slice(name, lambda dep: self.slice_with_loads(dep, loadable, leaves, depth + 1))
+
+    def definition(self, name):
+        defs = self.assigns.get(name, [])
+        return defs[0] if len(defs) == 1 else None
+
+    def _slice(self, name, sub_slice):
+        ir = self.state.ir
+        d = self.definition(name)
+        if d is None:
+            return None
+        _, stmt = d
         value = stmt.value
         if isinstance(value, ir.Arg):
             return []
@@ -185,7 +209,7 @@ class _Slicer:
             return None
         out = []
         for dep in deps:
-            sub = self.slice(dep)
+            sub = sub_slice(dep)
             if sub is None:
                 return None
             out.extend(sub)
@@ -256,12 +280,21 @@ def plan(state, returns_value: bool) -> CudaPlanIR:
             needed.add(unit.loop.total_var.name)
         defined_outside = {n for n, ds in assigns.items() if any(lbl not in unit.labels for lbl, _ in ds)}
         recompute = []
+        def loadable(dep, pos=pos):  # produced by one serial task that runs anyway, before this one
+            d = slicer.definition(dep)
+            producer = region_of.get(d[0]) if d is not None else None
+            return producer is not None and producer.launched and units.index(producer) < pos
+
         for name in sorted(needed & defined_outside):
             if _is_arg(assigns, name, ir):
                 continue
-            sl = slicer.slice(name)
-            if sl is not None:
+            leaves = set()
+            sl = slicer.slice_with_loads(name, loadable, leaves)
+            if sl is not None and name not in leaves:
                 recompute.extend(sl)
+                for leaf in leaves:
+                    region_of[slicer.definition(leaf)[0]].stores[leaf] = slot(leaf)
+                    unit.loads[leaf] = slot(leaf)
                 continue
             producers = [region_of.get(lbl) for lbl, _ in assigns[name]
                          if lbl not in unit.labels and lbl in region_of]

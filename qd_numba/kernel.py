@@ -484,21 +484,28 @@ def _ndarray_type(where, spec, a, debug):
 def _typing_loc(exc):
     """The innermost statement Numba's type inference was resolving when ``exc`` (not a Numba
     error, so Numba let it through without a location) was raised: the ``loc`` local of its
-    constraint-propagation frames, skipping statements of qd_numba's and Numba's own code."""
+    constraint-propagation frames (Numba's or numba-cuda's), skipping statements of qd_numba's,
+    Numba's and numba-cuda's own code."""
     import os
 
     import numba
-    from numba.core import ir, typeinfer
+    from numba.core import typeinfer
 
-    internal = (os.path.dirname(numba.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    typeinfer_files = {typeinfer.__file__}
+    internal = [os.path.dirname(numba.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    cuda_typeinfer = sys.modules.get("numba.cuda.core.typeinfer")
+    if cuda_typeinfer is not None:
+        typeinfer_files.add(cuda_typeinfer.__file__)
+        internal.append(os.path.dirname(sys.modules["numba.cuda"].__file__) + os.sep)
     loc = None
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code.co_filename == typeinfer.__file__:
+        if frame.f_code.co_filename in typeinfer_files:
             candidate = frame.f_locals.get("loc")
-            if isinstance(candidate, ir.Loc) and candidate.filename \
-                    and not os.path.abspath(candidate.filename).startswith(internal):
+            filename = getattr(candidate, "filename", None)
+            if filename and hasattr(candidate, "line") \
+                    and not os.path.abspath(filename).startswith(tuple(internal)):
                 loc = candidate
         tb = tb.tb_next
     return loc

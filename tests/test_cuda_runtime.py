@@ -358,3 +358,31 @@ def test_block_size_from_occupancy(rng):
     assert launch.block % 32 == 0 and 32 <= launch.block <= 1024
     assert launch.grid * launch.block <= rt.max_threads  # never more threads than RNG states
     assert launch.grid >= rt.sm_count  # saturating: at least one block per SM
+
+
+def test_loops_under_runtime_control_flow_run_serially(rng):
+    @qd.kernel
+    def rounds_then_shift(a: qd.types.ndarray(dtype=qd.f64, ndim=1), rounds: qd.i32, c: qd.f64):
+        r = 0
+        while r < rounds:                  # a top-level while: its loop runs on one thread
+            for i in range(a.shape[0]):
+                a[i] = a[i] * 0.5 + 1.0
+            r += 1
+        if c > 0:                          # a runtime if: likewise
+            for i in range(a.shape[0]):
+                a[i] = a[i] * c
+        for i in range(a.shape[0]):        # unconditional: a grid-stride task
+            a[i] = a[i] + 3.0
+
+    data = rng.uniform(-1, 1, 5000)
+    for rounds, c in ((3, 2.0), (0, -1.0)):
+        a = data.copy()
+        ref = data.copy()
+        for _ in range(rounds):
+            ref = ref * 0.5 + 1.0
+        if c > 0:
+            ref = ref * c
+        rounds_then_shift(a, rounds, c)
+        np.testing.assert_allclose(a, ref + 3.0, rtol=1e-12)
+    kinds = [t.kind for t in rounds_then_shift.tasks(data.copy(), 1, 1.0)]
+    assert kinds == ["serial", "range_for"]

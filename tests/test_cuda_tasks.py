@@ -131,18 +131,37 @@ def conditional_loop(a: qd.types.ndarray(dtype=qd.f64, ndim=1), c: qd.f64):
             a[i] = a[i] * c
 
 
-def test_loop_under_runtime_condition_is_rejected_on_gpu(rng):
-    from qd_numba.targets.cuda_tasks import GpuUnsupportedError
+@qd.kernel
+def loop_in_while(a: qd.types.ndarray(dtype=qd.f64, ndim=1), rounds: qd.i32):
+    r = 0
+    while r < rounds:
+        for i in range(a.shape[0]):
+            a[i] = a[i] * 0.5 + 1.0
+        r += 1
+    for i in range(a.shape[0]):
+        a[i] = a[i] + 3.0
 
-    with pytest.raises(GpuUnsupportedError, match="conditional_loop.*qd.static"):
-        _split(conditional_loop, {"a": types.float64[::1], "c": types.float64})
-    # the CPU runs it
+
+def test_loops_under_runtime_control_flow_stay_serial_on_gpu(rng):
+    # a loop under a runtime if, or inside a top-level while, is not at the outermost scope:
+    # it runs inside its serial task (one GPU thread), as in Quadrants; the CPU parallelises it
+    _, plan_ir, compiled, _, _ = _split(conditional_loop, {"a": types.float64[::1], "c": types.float64})
+    assert [u.kind for u in plan_ir.units] == ["serial"]
+    assert all(c.cubin for _, _, c in compiled)
+    _, plan_ir, compiled, _, _ = _split(loop_in_while, {"a": types.float64[::1], "rounds": types.int32})
+    assert [u.kind for u in plan_ir.units] == ["serial", "range_for"]  # the last loop is unconditional
     a = rng.uniform(-1, 1, 9)
     ref = a * 2.0
     conditional_loop(a, 2.0)
     np.testing.assert_allclose(a, ref, rtol=1e-12)
     conditional_loop(a, -1.0)
     np.testing.assert_allclose(a, ref, rtol=1e-12)
+    b = rng.uniform(-1, 1, 12)
+    ref = b.copy()
+    for _ in range(3):
+        ref = ref * 0.5 + 1.0
+    loop_in_while(b, 3)
+    np.testing.assert_allclose(b, ref + 3.0, rtol=1e-12)
 
 
 def test_every_range_for_task_takes_ctx_and_tmp_first():

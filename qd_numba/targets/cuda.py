@@ -732,14 +732,10 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
     """Compile every task of this kernel instance for CUDA down to cubins, without a GPU.
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
-    tasks (None for a kernel GPU targets reject by design, see GpuUnsupportedError); raises what
-    a real CUDA compile would raise."""
+    tasks; raises what a real CUDA compile would raise."""
     state = compile_state(kernel, param_types, templates)
     slots = {}
-    try:
-        _, compiled, _ = compile_tasks(kernel, state, cc, lambda f: slots.setdefault(id(f), len(slots)))
-    except cuda_tasks.GpuUnsupportedError:
-        return None
+    _, compiled, _ = compile_tasks(kernel, state, cc, lambda f: slots.setdefault(id(f), len(slots)))
     host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
     return compiled
 

@@ -76,11 +76,23 @@ def _successors(ir, block):
     return []
 
 
+def _launched_loops(state):
+    """The offloaded loops that become GPU range-for tasks: those every run of the kernel
+    reaches exactly once (the header is on every path from the entry, and in no serial loop).
+    A top-level loop under a runtime ``if`` or inside a top-level ``while`` stays in its serial
+    task and runs on one GPU thread, as Quadrants runs loops that are not at the outermost scope."""
+    cfg = state.tools.analysis.compute_cfg_from_blocks(state.func_ir.blocks)
+    backbone = cfg.backbone()
+    return [lp for lp in sorted(state.loops, key=lambda lp: lp.task_index)
+            if lp.header in backbone and [inner.header for inner in cfg.in_loops(lp.header)] == [lp.header]]
+
+
 def _regions(state):
-    """Serial regions between the loops: ``regions[k]`` runs before loop k (k = len(loops): after)."""
+    """Serial regions between the launched loops: ``regions[k]`` runs before loop k (k =
+    len(loops): after)."""
     ir = state.ir
     blocks = state.func_ir.blocks
-    loops = sorted(state.loops, key=lambda lp: lp.task_index)
+    loops = _launched_loops(state)
     headers = {lp.header: k for k, lp in enumerate(loops)}
     starts = [min(blocks)] + [lp.exit for lp in loops]
     owner = {}
@@ -111,9 +123,7 @@ def _regions(state):
 def _nonlinear(state, lp):
     loc = state.func_ir.blocks[lp.header].loc
     raise state.error(GpuUnsupportedError,
-                      "on GPU targets every top-level loop must run unconditionally (this one is inside a "
-                      "runtime if/while); make the condition compile-time with qd.static(...) or move the "
-                      "condition into the loop body", loc)
+                      "internal error: the serial code around this loop does not split into GPU tasks", loc)
 
 
 # -- values -----------------------------------------------------------------------------------------

@@ -24,14 +24,17 @@ import qd_numba as qd
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def median_time(fn, reps, inner=1):
-    times = []
+def paired_median_times(fn_a, fn_b, reps, inner=1):
+    """Median time per call of each function, measured alternately (a block of ``inner`` calls
+    of one, then of the other, ``reps`` times), so that both see the same machine state."""
+    times_a, times_b = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+        for fn, times in ((fn_a, times_a), (fn_b, times_b)):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times_a), statistics.median(times_b)
 
 
 @qd.kernel
@@ -122,8 +125,7 @@ def main():
     qd_add(a, b1)
     nb_add(a, b2)
     assert np.array_equal(b1, b2)
-    t_qd = median_time(lambda: qd_add(a, b1), reps=200, inner=50)
-    t_nb = median_time(lambda: nb_add(a, b2), reps=200, inner=50)
+    t_qd, t_nb = paired_median_times(lambda: qd_add(a, b1), lambda: nb_add(a, b2), reps=200, inner=50)
     rows.append(("per-call overhead, 1 task, 2 ndarrays, n=16", t_qd * 1e6, t_nb * 1e6, "us"))
 
     # (b) saxpy 2**24
@@ -135,8 +137,8 @@ def main():
     qd_saxpy(x, y1, 2.0)
     nb_saxpy(x, y2, np.float32(2.0))
     np.testing.assert_allclose(y1, y2, rtol=1e-6)
-    t_qd = median_time(lambda: qd_saxpy(x, y1, 2.0), reps=30)
-    t_nb = median_time(lambda: nb_saxpy(x, y2, np.float32(2.0)), reps=30)
+    t_qd, t_nb = paired_median_times(lambda: qd_saxpy(x, y1, 2.0), lambda: nb_saxpy(x, y2, np.float32(2.0)),
+                                     reps=30)
     rows.append(("saxpy, 2**24 float32", t_qd * 1e3, t_nb * 1e3, "ms"))
 
     # (c) cold compile
@@ -161,8 +163,8 @@ def main():
         f"{numba.threading_layer()}",
         f"- versions: python {platform.python_version()}, numba {numba.__version__}, numpy {np.__version__}, "
         f"qd_numba {qd.__version__}",
-        "- timings: medians; (a) 200 x 50 calls, (b) 30 calls, (c) one fresh `python -c` per cell, "
-        "time of the first call (compile + run) after imports",
+        "- timings: medians, qd_numba and Numba measured alternately; (a) 200 x 50 calls, (b) 30 calls, "
+        "(c) one fresh `python -c` per cell, time of the first call (compile + run) after imports",
         "",
         table_md,
         "",

@@ -186,6 +186,7 @@ class Instance:
 
 
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
+_MISSING_ARG = object()  # a kernel parameter without a value in a call
 
 
 def forget_compiled() -> None:
@@ -227,18 +228,19 @@ class Kernel:
         self._ir = {}
         self.compile_count = 0
         self.last_instance = None
-        self._caller = self._make_caller()
+        # the call path: a subclass per kernel whose __call__ is generated for its parameters
+        self.__class__ = type(Kernel)(f"Kernel[{self.name}]", (Kernel,), {"__call__": self._make_caller()})
         _KERNELS.add(self)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
     # -- the call path ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if kwargs or len(args) != len(self.params):
-            args = self._bind(args, kwargs)
+        """The generic call (every kernel's class overrides it with :meth:`_make_caller`'s)."""
+        args = self._bind(args, kwargs)
         if config.current.arch != "cpu":
             return self._gpu().caller(*args)
-        return self._caller(*args)
+        return self._slow_call(*args)
 
     def _gpu(self):
         """The kernel's launch plans on the current GPU target (targets/cuda.py)."""
@@ -258,10 +260,33 @@ class Kernel:
         return tuple(bound.arguments.values())
 
     def _make_caller(self):
-        """Generate the per-kernel fast path (see the module docstring)."""
+        """Generate the kernel's ``__call__`` (see the module docstring).
+
+        Its parameters carry the kernel's own names and defaults, so CPython binds keyword
+        arguments; a missing or unknown argument takes :meth:`_bind`, which raises our error.
+        On the CPU it keys the compiled instance on each ndarray's type fingerprint and each
+        template value and calls the native entry point: one Python frame per call."""
         names = [f"a{k}" for k in range(len(self.params))]
-        lines = [f"def call({', '.join(names)}):", "    try:"]
-        key_items, runtime, scalar_ok = [], [], {}
+        ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
+              "instances": self._instances, "runtime_error": self._runtime_error, "config": config,
+              "MISSING": _MISSING_ARG}
+        sig = inspect.signature(self.fn)
+        params = []
+        for name, p in zip(names, sig.parameters.values()):
+            if p.default is inspect.Parameter.empty:
+                params.append(f"{p.name}=MISSING")
+            else:
+                ns[f"default_{name}"] = p.default
+                params.append(f"{p.name}=default_{name}")
+        real = [p.name for p in sig.parameters.values()]
+        lines = [f"def __call__(__qd_self, {''.join(f'{p}, ' for p in params)}*__qd_extra, **__qd_unknown):",
+                 f"    if __qd_extra or __qd_unknown{''.join(f' or {r} is MISSING' for r in real)}:",
+                 f"        return __qd_self._bad_call(({''.join(f'{r}, ' for r in real)}), __qd_extra, __qd_unknown)"]
+        lines += [f"    {n} = {r}" for n, r in zip(names, real)]
+        lines += ["    if config.current.arch != 'cpu':",
+                  f"        return __qd_self._gpu().caller({', '.join(names)})",
+                  "    try:"]
+        key_items, runtime = [], []
         for name, p in zip(names, self.params):
             if p.kind == "ndarray":
                 lines.append(f"        if type({name}) is Ndarray: {name} = {name}._arr")
@@ -271,24 +296,28 @@ class Kernel:
                 key_items.append(f"template_key({name})")
             else:
                 # exact-type membership: anything else takes the slow path, which validates
-                scalar_ok[f"ok_{name}"] = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
+                ns[f"ok_{name}"] = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
                 lines.append(f"        if type({name}) not in ok_{name}: raise KeyError")
                 runtime.append(name)
         key = "(" + "".join(f"{k}, " for k in key_items) + ")"
         lines += [f"        inst = instances[{key}]",
                   "    except (KeyError, TypeError, ValueError):",
-                  "        inst = None",
-                  "    if inst is None:",
-                  f"        return slow({', '.join(names)})",
+                  f"        return __qd_self._slow_call({', '.join(names)})",
                   "    try:",
                   f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
                   "    except Exception as e:",
                   f"        raise runtime_error(e, ({', '.join(names)}{',' if names else ''})) from None"]
-        ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
-              "instances": self._instances, "slow": self._slow_call, "runtime_error": self._runtime_error,
-              **scalar_ok}
         exec(compile("\n".join(lines) + "\n", f"<qd_numba call {self.qualname}>", "exec"), ns)
-        return ns["call"]
+        return ns["__call__"]
+
+    def _bad_call(self, values, extra, unknown):
+        """A call with a missing, surplus or unknown argument: raise what binding says."""
+        args = [v for v in values if v is not _MISSING_ARG] + list(extra)
+        kwargs = dict(unknown)
+        if len(args) < len(values) and not extra:   # keep keyword arguments CPython bound
+            args = []
+            kwargs.update({p.name: v for p, v in zip(self.params, values) if v is not _MISSING_ARG})
+        return Kernel.__call__(self, *args, **kwargs)
 
     def _slow_call(self, *args):
         with self._lock:

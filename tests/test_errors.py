@@ -464,3 +464,25 @@ def test_init_recompiles_kernels_for_the_new_config(rng):
         np.testing.assert_array_equal(buf, before)
     finally:
         qd.init()
+
+
+def test_keyword_arguments_defaults_and_bad_calls(rng):
+    @qd.kernel
+    def axpby(x: qd.types.ndarray(dtype=qd.f64, ndim=1), y: qd.types.ndarray(dtype=qd.f64, ndim=1),
+              a: qd.f64, b: qd.f64 = 1.0):
+        for i in range(x.shape[0]):
+            y[i] = a * x[i] + b * y[i]
+
+    x, y0 = rng.standard_normal(20), rng.standard_normal(20)
+    for call, (a, b) in ((lambda y: axpby(x, y, 2.0), (2.0, 1.0)),             # default b
+                         (lambda y: axpby(x, y, b=0.5, a=3.0), (3.0, 0.5)),     # keywords, any order
+                         (lambda y: axpby(y=y, x=x, a=-1.0), (-1.0, 1.0))):     # all by keyword
+        y = y0.copy()
+        call(y)
+        np.testing.assert_allclose(y, a * x + b * y0, rtol=1e-12)
+    for bad, what in ((lambda: axpby(x, y0), "missing a required argument: 'a'"),
+                      (lambda: axpby(x, y0, 1.0, 2.0, 3.0), "too many positional arguments"),
+                      (lambda: axpby(x, y0, 1.0, c=2.0), "unexpected keyword argument 'c'"),
+                      (lambda: axpby(x, a=1.0), "missing a required argument: 'y'")):
+        with pytest.raises(qd.QuadrantsTypeError, match=rf"kernel 'axpby'.*{what}"):
+            bad()

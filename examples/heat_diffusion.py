@@ -1,6 +1,7 @@
 """2-D explicit heat diffusion on qd.fields, checked against numpy running the same steps.
 
     python examples/heat_diffusion.py
+    QD_ARCH=cuda python examples/heat_diffusion.py      # on an NVIDIA GPU
 
 Prints the max abs error against numpy and exits non-zero if it exceeds the tolerance.
 """
@@ -16,7 +17,7 @@ N = 256          # grid is N x N, boundary held at 0
 STEPS = 200
 ALPHA = 0.2      # dt * kappa / dx^2, stable for <= 0.25
 
-qd.init(arch=qd.cpu)
+qd.init()  # the arch from QD_ARCH (default: cpu)
 
 u = qd.field(qd.f32, shape=(N, N))
 u_new = qd.field(qd.f32, shape=(N, N))

@@ -1,6 +1,7 @@
 """Estimate pi by throwing random points at the unit square (qd.random + an atomic counter).
 
     python examples/monte_carlo_pi.py
+    QD_ARCH=cuda python examples/monte_carlo_pi.py      # on an NVIDIA GPU
 
 Exits non-zero if the estimate is further from pi than 6 standard deviations of the estimator.
 """
@@ -12,7 +13,7 @@ import qd_numba as qd
 
 SAMPLES = 4_000_000
 
-qd.init(arch=qd.cpu, random_seed=42)
+qd.init(random_seed=42)  # the arch from QD_ARCH (default: cpu)
 
 hits = qd.field(qd.i64, shape=())
 

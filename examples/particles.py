@@ -1,6 +1,7 @@
 """Particles bouncing in a unit box, with a density histogram built by atomic adds.
 
     python examples/particles.py
+    QD_ARCH=cuda python examples/particles.py      # on an NVIDIA GPU
 
 Checks that the histogram counts every particle exactly once, that all particles stay in the
 box, and that the histogram equals numpy's histogram of the same positions; exits non-zero otherwise.
@@ -17,7 +18,7 @@ GRID = 32        # histogram cells per axis
 STEPS = 50
 DT = 0.01
 
-qd.init(arch=qd.cpu)
+qd.init()  # the arch from QD_ARCH (default: cpu)
 
 pos = qd.field(qd.f32, shape=(N, 2))
 vel = qd.field(qd.f32, shape=(N, 2))

@@ -1,11 +1,15 @@
 """``@qd.kernel`` and ``@qd.func``: argument specs, compilation, and the call path.
 
 A kernel is compiled once per *instance key*: the Numba types of its ndarray arguments and
-the values of its template arguments. The call path (:meth:`Kernel._make_caller`) is one
-generated Python function per kernel that converts ``qd.ndarray`` objects to their buffers,
-looks the key up and calls the compiled driver's native entry point with the runtime
-arguments plus the hidden field buffers. Everything else — argument validation, error
-messages, compilation — happens on a miss, in :meth:`Kernel._slow_call`.
+the values of its template arguments. The call path (:meth:`Kernel._make_caller`) is the
+kernel's own ``__call__``, generated per kernel (each kernel is an instance of its own
+``Kernel`` subclass): its parameters carry the kernel's names and defaults, so CPython binds
+keyword arguments; it converts ``qd.ndarray`` objects to their buffers, looks the key up and
+calls the compiled driver's native entry point with the runtime arguments plus the hidden field
+buffers (on a GPU arch it hands the arguments to the CUDA launcher's generated call instead).
+Everything else — argument validation, error messages, compilation — happens on a miss, in
+:meth:`Kernel._slow_call`, or for a bad call in :meth:`Kernel._bad_call`. ``qd.init`` drops
+every kernel's compiled instances (:func:`forget_compiled`).
 """
 
 from __future__ import annotations

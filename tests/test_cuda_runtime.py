@@ -275,8 +275,9 @@ def test_debug_field_out_of_bounds_second_axis(cuda_debug, rng):
         for i, j in qd.ndrange(4, m):
             f[i, j] = i * 4 + j
 
-    with pytest.raises(qd.QuadrantsRuntimeError, match=r"kernel 'oob2'.*out-of-bounds.*axis 1"):
+    with pytest.raises(qd.QuadrantsRuntimeError, match=r"kernel 'oob2'.*out-of-bounds.*axis 1") as info:
         oob2(5)
+    assert "test_cuda_runtime.py:" in str(info.value)  # the location of the task's loop
     oob2(4)  # the error word was cleared: a correct call passes
     np.testing.assert_array_equal(f.to_numpy(), np.arange(16).reshape(4, 4))
 

@@ -457,7 +457,10 @@ class LaunchPlan:
             if code:
                 self.rt.write_i32(address, 0)
                 cls, exc_args, loc = device_exception(code) or launch.compiled.exception_of(code)
-                where = f" (task {launch.task.name}" + (f", {loc[1]}:{loc[2]}" if loc else "") + ")"
+                # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task,
+                # whose location is its loop (or serial region)
+                line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
+                where = f" (task {launch.task.name}" + (f", {line}" if line else "") + ")"
                 exc = cls(*exc_args) if exc_args else cls()
                 err = self.kernel._runtime_error(exc, args)
                 raise type(err)(f"{err}{where}") from None

@@ -24,6 +24,8 @@ from .raising import raise_user_error
 I64 = types.int64
 DIM = types.UniTuple(I64, 3)
 ZERO_STEP = "range() arg 3 must not be zero"
+I64_ZERO = llir.Constant(llir.IntType(64), 0)
+_STAR = (types.StarArgTuple, types.StarArgUniTuple)
 
 
 def _int(t) -> bool:
@@ -62,8 +64,6 @@ def _count(builder, start, stop, step):
     return builder.select(positive, builder.sdiv(num, den), zero)
 
 
-I64_ZERO = llir.Constant(llir.IntType(64), 0)
-_STAR = (types.StarArgTuple, types.StarArgUniTuple)
 
 
 def _i64(context, builder, ty, value):

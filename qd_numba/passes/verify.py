@@ -74,8 +74,8 @@ def _verify_definitions(state, after: str) -> None:
     missing = sorted(set(used) - defined)
     if missing:
         loc = used[missing[0]]
-        _fail(after, f"variable '{missing[0]}' is read but never assigned "
-                     f"({loc.filename}:{loc.line})" if loc is not None else "")
+        where = f" ({loc.filename}:{loc.line})" if loc is not None else ""
+        _fail(after, f"variable '{missing[0]}' is read but never assigned{where}")
 
 
 def _verify_tasks(state, after: str) -> None:

@@ -69,6 +69,7 @@ class TaskFunction:
         self.func_ir = func_ir
         self.debug = debug
         self.error = None
+        self._consumed = False   # func_ir was handed to Numba (which mutates it)
         self._environments = []  # (env name, Environment) to install once the library is finalised
 
     def lower_into(self, context, argtypes):
@@ -76,7 +77,8 @@ class TaskFunction:
         flags = compile_flags(self.debug, entry=False)
         flags.no_compile = True
         # Numba's passes mutate the IR they compile: the first lowering may consume ours
-        func_ir = copy_ir(numba_ir, self.func_ir) if self._environments else self.func_ir
+        func_ir = copy_ir(numba_ir, self.func_ir) if self._consumed else self.func_ir
+        self._consumed = True
         with _lock:
             try:
                 cres = compiler.compile_ir(cpu_target.typing_context, context, func_ir, argtypes, types.none,

@@ -570,9 +570,6 @@ def _grid(total: int, block: int, max_grid: int) -> int:
     return min(-(-total // block), max_grid) if total > 0 else 0
 
 
-_NO_VIEWS: dict = {}
-
-
 class CudaKernel:
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
 
@@ -589,17 +586,15 @@ class CudaKernel:
         self.caller = self._make_caller()
 
     # -- the call path ---------------------------------------------------------------------------
-    def call(self, args):
-        return self.caller(*args)
-
     def _make_caller(self):
-        """Generate this kernel's call path: views and spec key of the arguments, the plan
-        lookup, then the plan's runner (:func:`_runner_source`). Scalars of an exact Python
-        or numpy type pass without a check; anything else is validated."""
+        """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
+        arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of
+        an exact Python or numpy type pass without a check; anything else is validated.
+        ``plan_for(args)`` shares the source up to the lookup."""
         params = self.kernel.params
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
-              "plans": self.plans, "build": self._plan_from_call, "check_scalar": _check_scalar,
+              "plans": self.plans, "build": self._plan, "check_scalar": _check_scalar,
               "kernel": self.kernel}
         body, key, views = [], [], []
         for i, p in enumerate(params):
@@ -615,46 +610,26 @@ class CudaKernel:
                 ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
                 body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
         body += [f"plan = plans.get({_tuple_src(key)})",
-                 f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})",
-                 f"return plan.run({', '.join(args + views)})"]
-        src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body)]) + "\n"
+                 f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})"]
+        src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body),
+                         f"    return plan.run({', '.join(args + views)})",
+                         f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
+                         "    return plan"]) + "\n"
         exec(compile(src, f"<qd_numba cuda call {self.kernel.qualname}>", "exec"), ns)
+        self._plan_for = ns["plan_for"]
         return ns["call"]
-
-    def _plan_from_call(self, args, view_list, key):
-        names = [p.name for p in self.kernel.params if p.kind == "ndarray"]
-        return self._plan(args, dict(zip(names, view_list)), key)
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""
-        views, key = self._spec(args)
-        return self.plans.get(key) or self._plan(args, views, key)
+        return self._plan_for(*args)
 
-    def _plan(self, args, views, key):
+    def _plan(self, args, view_list, key):
         with self.lock:  # one build per spec, also when threads race for it
             plan = self.plans.get(key)
             if plan is None:
-                plan = self.plans[key] = self._build(args, views)
+                names = [p.name for p in self.kernel.params if p.kind == "ndarray"]
+                plan = self.plans[key] = self._build(args, dict(zip(names, view_list)))
         return plan
-
-    def _spec(self, args):
-        """(ndarray views by name, the plan key) of these arguments; checks scalars."""
-        if not args:
-            return _NO_VIEWS, ()
-        views, key = {}, []
-        for p, a, where in zip(self.kernel.params, args, self._where):
-            kind = p.kind
-            if kind == "ndarray":
-                v = a._cuda_view if type(a) is Ndarray else None
-                if v is None:
-                    v = array_view(a, where)
-                views[p.name] = v
-                key.append(v.spec)
-            elif kind == "template":
-                key.append(template_key(a))
-            elif type(a) not in p.exact_types:
-                _check_scalar(self.kernel, p, a)
-        return views, tuple(key)
 
     # -- building a plan ------------------------------------------------------------------------
     def _build(self, args, views):

@@ -35,6 +35,7 @@ from .errors import (
     take_pending,
 )
 from .field import ArrayData, Ndarray, element_shape
+from .frontend.keys import artifact_key
 from .passes.array_access import DirectArrayAccess
 from .passes.base import CompileState, IRTools, copy_ir, dump_ir
 from .passes.bind_arguments import BindArguments
@@ -182,11 +183,12 @@ def _frontend(tools, fn, name):
 class Instance:
     """One compiled kernel instance (per argument types and template values)."""
 
-    __slots__ = ("entry", "hidden", "tasks", "cres", "task_functions", "state")
+    __slots__ = ("entry", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
 
-    def __init__(self, entry, hidden, tasks, cres, task_functions, state):
+    def __init__(self, entry, hidden, tasks, cres, task_functions, state, artifact_key):
         self.entry, self.hidden, self.tasks = entry, hidden, tasks
         self.cres, self.task_functions, self.state = cres, task_functions, state
+        self.artifact_key = artifact_key    # content key of the compiled code (frontend/keys.py)
 
 
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
@@ -410,7 +412,8 @@ class Kernel:
             raise err from None
         self.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
-        return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state)
+        key = artifact_key(self, param_types, templates, state.hidden, cfg, "cpu")
+        return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state, key)
 
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, *args, **kwargs):

@@ -2,7 +2,7 @@
 
 A CUDA task kernel takes two pointer-sized parameters before the kernel's own arguments:
 
-* ``ctx``: the runtime context, a device table of ``uint64`` data pointers, one slot per field.
+* ``ctx``: the kernel instance's field table, ``uint64`` data pointers in kernel-local slots.
   ``field_from_ctx(ctx, slot, token)`` builds the field's array view from its slot, with the
   field's shape and strides as compile-time constants, so a kernel pays one parameter for all
   the fields it touches and a field never costs a parameter per launch.

@@ -244,15 +244,22 @@ def exec_stub(name: str, arg_names: list[str]):
     return ns[name]
 
 
-def derive_ir(state, stub, blocks, params):
+def derive_ir(state, stub, blocks, params, stable_id: int | None = None):
     """A new FunctionIR of the kernel's flavour over ``blocks`` (entry: the smallest label), with
-    the parameters ``params`` and the identity of the generated function ``stub``."""
+    the parameters ``params`` and the identity of the generated function ``stub``.
+
+    ``stable_id`` replaces the process-wide counter Numba numbers functions with (it shows in
+    mangled symbol names), for code that must be the same in every process: a function that is
+    alone in its module (a CUDA task kernel), where the name need not be unique process-wide."""
     import importlib
 
     bytecode = importlib.import_module(state.tools.ir.__name__.rsplit(".", 1)[0] + ".bytecode")
     blocks = dict(sorted(blocks.items()))
     new_ir = state.func_ir.derive(blocks=blocks, arg_names=tuple(params), arg_count=len(params))
     new_ir.func_id = bytecode.FunctionIdentity.from_function(stub)
+    if stable_id is not None:
+        new_ir.func_id.unique_id = stable_id
+        new_ir.func_id.unique_name = f"{new_ir.func_id.func_qualname}${stable_id}"
     new_ir._definitions = state.tools.ir_utils.build_definitions(new_ir.blocks)
     return new_ir
 

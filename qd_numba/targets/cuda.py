@@ -12,8 +12,9 @@ argument), (2) writes the cells of arguments that changed (a new pointer, a scal
 round trip) and (4) calls ``cuLaunchKernel`` once per task on the legacy default stream. No
 typing, no ``typeof``, no allocation, no numba-cuda dispatcher on that path.
 
-Fields live in device memory; every kernel receives one pointer to the runtime context, a table
-of field data pointers, instead of one parameter per field (lowering/device.py).
+Fields live in device memory; every task kernel receives one pointer to its instance's field
+table (data pointers of the fields it uses, in kernel-local slots) instead of one parameter per
+field (lowering/device.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from numba.core import types
 from .. import config
 from ..errors import QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
+from ..frontend.keys import artifact_key
 from ..kernel import template_key  # this module is imported by kernel.py's GPU path, after it
 from ..lowering import device
 from ..lowering.raising import device_exception
@@ -114,11 +116,6 @@ class CudaRuntime:
         # every resident thread of the device: the most a saturating grid-stride launch uses
         self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
         install_cuda_ufunc_math_fallbacks()
-        self._slots = {}                # id(field) -> slot
-        self._fields = []               # keep fields alive while they have a slot
-        self._table_host = np.zeros(1024, np.uint64)
-        self._table_dev = cuda.to_device(self._table_host)
-        self.ctx_ptr = int(self._table_dev.device_ctypes_pointer.value)
         self.plan_builds = 0
         self.seed_rng(config.current.random_seed)
 
@@ -138,25 +135,13 @@ class CudaRuntime:
                     cls._instance = CudaRuntime()
         return cls._instance
 
-    def slot_of(self, field) -> int:
-        key = id(field)
-        slot = self._slots.get(key)
-        if slot is not None:
-            return slot
-        with self._lock:
-            ensure_device(field)
-            slot = len(self._fields)
-            if slot >= len(self._table_host):
-                grown = np.zeros(2 * len(self._table_host), np.uint64)
-                grown[:slot] = self._table_host[:slot]
-                self._table_host = grown
-                self._table_dev = self.cuda.to_device(self._table_host)
-                self.ctx_ptr = int(self._table_dev.device_ctypes_pointer.value)
-            self._table_host[slot] = field._dev.device_ctypes_pointer.value
-            self._table_dev[slot:slot + 1].copy_to_device(self._table_host[slot:slot + 1])
-            self._fields.append(field)
-            self._slots[key] = slot
-        return slot
+    def field_table(self, fields):
+        """A device table of the data pointers of ``fields`` (a kernel instance's fields, in the
+        order of its context slots). Field buffers never move, so the table is written once."""
+        for f in fields:
+            ensure_device(f)
+        host = np.array([f._dev.device_ctypes_pointer.value for f in fields] or [0], np.uint64)
+        return self.cuda.to_device(host)
 
     def global_address(self, module, symbol: str) -> int:
         err, address, _ = _driver().cuModuleGetGlobal(module, symbol.encode())
@@ -392,16 +377,20 @@ class LaunchPlan:
     back. It takes the kernel's arguments followed by the views of its ndarray arguments.
     """
 
-    def __init__(self, kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, ret):
+    def __init__(self, kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table,
+                 ret):
         self.kernel, self.state, self.launches = kernel, state, launches
         self.cells = cells                  # runtime param name -> list of ctypes cells
         self.params = params                # (name, kind) per kernel parameter, call order
         self.totals_fn = totals_fn
         self.static_totals = static_totals
         self.tmp_dev = tmp_dev
+        self.field_table = field_table      # the device table the context parameter points to
         self.ret = ret                      # (byte offset, numpy dtype) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
+        self.artifact_key = artifact_key(kernel, state.param_types, state.template_values, state.hidden,
+                                         state.config, f"cuda-sm{''.join(map(str, self.rt.cc))}")
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
@@ -427,9 +416,6 @@ class LaunchPlan:
         return packed
 
     # -- pieces the generated runner calls ------------------------------------------------------
-    def _set_ctx(self, ptr):
-        self.cells[cuda_tasks.PARAM_CTX][0].value = ptr
-
     def _patch_view(self, name, view, last_key):
         """Write an ndarray argument's cells (meminfo, parent, nitems, itemsize, data, shape,
         strides); returns the new key, skipping the writes when it equals ``last_key``."""
@@ -519,10 +505,7 @@ def _runner_source(plan):
     views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
     ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all, "packed": plan.packed,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
-    state = ["ctx = 0"]   # the context pointer of the last call (0: never)
-    body = ["if rt.ctx_ptr != ctx:  # first call, or the field table grew (moved)",
-            "    ctx = rt.ctx_ptr",
-            "    plan._set_ctx(ctx)"]
+    state, body = [], []
     for i, (name, kind) in enumerate(params):
         if kind == "template" or name not in plan.cells:
             continue
@@ -706,14 +689,21 @@ def compile_tasks(kernel, state, cc, field_slot):
     return plan_ir, out, temp_types
 
 
+def kernel_field_slots(state):
+    """``field -> context slot`` of one kernel instance: the field's position among the fields
+    the kernel uses (``state.hidden``, in order of first reference), so compiled code depends on
+    the kernel alone, never on how many fields the process created before (relocatable)."""
+    slots = {id(f): k for k, f in enumerate(state.hidden)}
+    return lambda field: slots[id(field)]
+
+
 def compile_check(kernel, param_types, templates, cc=(9, 0)):
     """Compile every task of this kernel instance for CUDA down to cubins, without a GPU.
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
     tasks; raises what a real CUDA compile would raise."""
     state = compile_state(kernel, param_types, templates)
-    slots = {}
-    _, compiled, _ = compile_tasks(kernel, state, cc, lambda f: slots.setdefault(id(f), len(slots)))
+    _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
     host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
     return compiled
 
@@ -760,11 +750,12 @@ def plan_types(kernel, args, views):
 def build_plan(kernel, param_types, templates) -> LaunchPlan:
     rt = CudaRuntime.get()
     state = compile_state(kernel, param_types, templates)
-    plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, rt.slot_of)
+    plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, kernel_field_slots(state))
     rt.plan_builds += 1
     kernel.compile_count += 1
 
-    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(rt.ctx_ptr)]}
+    field_table = rt.field_table(state.hidden)
+    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))]}
     tmp_bytes = max(1, plan_ir.temp_slots) * device.TEMP_SLOT_BYTES
     tmp_dev = rt.cuda.device_array(tmp_bytes, np.uint8)
     cells[cuda_tasks.PARAM_TMP] = [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]
@@ -794,4 +785,4 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
 
         ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, as_dtype(temp_types["$qd_return"]))
     params = [(p.name, p.kind) for p in kernel.params]
-    return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, ret)
+    return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)

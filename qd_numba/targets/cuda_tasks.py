@@ -489,7 +489,9 @@ def build_task_ir(state, unit: Unit, temp_types: dict, field_slot, field_token, 
                 blk.body = blk.body[:-1] + tail + [ir.Jump(epi_label, term.loc)]
     new_blocks.update(body)
     stub = exec_stub(f"qd_{unit.task.kind}{unit.task.index}", params)
-    new_ir = derive_ir(state, stub, new_blocks, params)
+    # a task kernel is alone in its cubin: a name from the task's content-stable uid keeps the
+    # cubin the same in every process
+    new_ir = derive_ir(state, stub, new_blocks, params, stable_id=int(unit.task.uid[:8], 16))
     return TaskKernelIR(unit, new_ir, runtime_args)
 
 

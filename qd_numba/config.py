@@ -45,6 +45,7 @@ class Config:
     arch: str = "cpu"
     debug: bool = False                 # bounds checks on every field/ndarray access
     print_ir: bool = False              # QD_DUMP_IR: IR after each stage, per task
+    dump_generated: bool = False        # QD_DUMP_GENERATED: print generated Python (call paths, runners)
     default_fp: types.Type = types.float32
     default_ip: types.Type = types.int32
     cpu_max_num_threads: int = 0        # 0: Numba's default (all cores)
@@ -71,6 +72,7 @@ def config_from_env(**overrides) -> Config:
     cfg = Config(
         debug=env_flag("QD_DEBUG"),
         print_ir=env_flag("QD_DUMP_IR"),
+        dump_generated=env_flag("QD_DUMP_GENERATED"),
         cuda_compile_check=env_flag("QD_CUDA_COMPILE_CHECK"),
         raw_errors=env_flag("QD_RAW_ERRORS"),
         aggressive_kernel_fusion=env_flag("QD_AGGRESSIVE_KERNEL_FUSION"),

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .field import ArrayData, Ndarray, element_shape
 from .frontend.keys import artifact_key
+from .generated_code import exec_generated
 from .passes.array_access import DirectArrayAccess
 from .passes.base import CompileState, IRTools, copy_ir, dump_ir
 from .passes.bind_arguments import BindArguments
@@ -132,9 +133,15 @@ class Param:
         self.name, self.annotation, self.kind = name, annotation, kind
         if kind == "ndarray" and not isinstance(annotation, NdarraySpec):
             self.annotation = NdarraySpec()
-        if kind == "scalar":
-            self.nbtype = dtypes.to_numba(annotation) if annotation not in (int, float) else \
-                (config.current.default_ip if annotation is int else config.current.default_fp)
+        self._nbtype = dtypes.to_numba(annotation) if kind == "scalar" and annotation not in (int, float) else None
+
+    @property
+    def nbtype(self):
+        """The Numba type of a scalar parameter; ``int``/``float`` annotations follow
+        ``qd.init(default_ip=/default_fp=)`` as set when the kernel compiles, not when decorated."""
+        if self._nbtype is not None:
+            return self._nbtype
+        return config.current.default_ip if self.annotation is int else config.current.default_fp
 
 
 # -- funcs -------------------------------------------------------------------------------------------
@@ -313,7 +320,7 @@ class Kernel:
                   f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
                   "    except Exception as e:",
                   f"        raise runtime_error(e, ({', '.join(names)}{',' if names else ''})) from None"]
-        exec(compile("\n".join(lines) + "\n", f"<qd_numba call {self.qualname}>", "exec"), ns)
+        exec_generated("\n".join(lines) + "\n", f"call {self.qualname}", ns)
         return ns["__call__"]
 
     def _bad_call(self, values, extra, unknown):

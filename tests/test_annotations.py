@@ -136,3 +136,22 @@ def test_string_that_is_not_a_type_is_rejected():
         @qd.kernel
         def not_a_type(x: 3):
             pass
+
+
+def test_float_annotation_follows_default_fp_set_after_decoration(arch, rng):
+    @qd.kernel
+    def put(a: qd.types.ndarray(dtype=qd.f64, ndim=1), s: float):
+        for i in range(a.shape[0]):
+            a[i] = s * 1.0
+
+    value = 1.0 + float(rng.random()) * 1e-9    # not representable in float32
+    try:
+        qd.init(arch=getattr(qd, arch), default_fp=qd.f64)
+        out = np.zeros(4)
+        put(out, value)
+        np.testing.assert_array_equal(out, np.full(4, value))
+        qd.init(arch=getattr(qd, arch), default_fp=qd.f32)
+        put(out, value)
+        np.testing.assert_array_equal(out, np.full(4, np.float64(np.float32(value))))
+    finally:
+        qd.init(arch=getattr(qd, arch))

@@ -17,6 +17,7 @@ import sys
 from types import SimpleNamespace
 
 from ..errors import QuadrantsSyntaxError, located
+from ..generated_code import exec_generated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +241,7 @@ def exec_stub(name: str, arg_names: list[str]):
     module name)."""
     ns = {"__name__": __name__}
     params = ", ".join(arg_names)
-    exec(compile(f"def {name}({params}):\n    return None\n", f"<qd_numba stub {name}>", "exec"), ns)
+    exec_generated(f"def {name}({params}):\n    return None\n", f"stub {name}", ns)
     return ns[name]
 
 

@@ -30,6 +30,7 @@ from .. import config
 from ..errors import QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
 from ..frontend.keys import artifact_key
+from ..generated_code import exec_generated
 from ..kernel import template_key  # this module is imported by kernel.py's GPU path, after it
 from ..lowering import device
 from ..lowering.raising import device_exception
@@ -470,7 +471,7 @@ class LaunchPlan:
 
     def _make_runner(self):
         src, ns = _runner_source(self)
-        exec(compile(src, f"<qd_numba launch {self.kernel.qualname}>", "exec"), ns)
+        exec_generated(src, f"launch {self.kernel.qualname}", ns)
         return ns["make"]()
 
 
@@ -598,7 +599,7 @@ class CudaKernel:
                          f"    return plan.run({', '.join(args + views)})",
                          f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
                          "    return plan"]) + "\n"
-        exec(compile(src, f"<qd_numba cuda call {self.kernel.qualname}>", "exec"), ns)
+        exec_generated(src, f"cuda call {self.kernel.qualname}", ns)
         self._plan_for = ns["plan_for"]
         return ns["call"]
 
@@ -716,7 +717,7 @@ def host_totals(kernel, state, param_types, units):
     if src is None:
         return None, None
     ns = dict(env)
-    exec(compile(src, f"<qd_numba totals {kernel.name}>", "exec"), ns)
+    exec_generated(src, f"totals {kernel.qualname}", ns)
     fn = ns["totals"]
     if "args[" in src:
         fn.qd_args = tuple(int(k) for k in re.findall(r"args\[(\d+)\]", src))

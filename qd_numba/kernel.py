@@ -37,18 +37,9 @@ from .errors import (
 from .field import ArrayData, Ndarray, element_shape
 from .frontend.keys import artifact_key
 from .generated_code import exec_generated
-from .passes.array_access import DirectArrayAccess
-from .passes.base import CompileState, IRTools, copy_ir, dump_ir
-from .passes.bind_arguments import BindArguments
-from .passes.check_writes import CheckReadonlyWrites, is_readonly
-from .passes.dead_code import RemoveDeadPure
-from .passes.fold_static import FoldStatic
-from .passes.fuse_tasks import FuseAdjacentTasks
-from .passes.inline_funcs import InlineFuncs
-from .passes.offload import Offload
-from .passes.resolve_globals import ResolveGlobals
-from .passes.rewrite_subscripts import RewriteSubscripts
-from .passes.verify import verify_final, verify_ir
+from .passes.base import CompileState, IRTools, copy_ir
+from .passes.check_writes import is_readonly
+from .passes.pipeline import run_untyped_pipeline
 from .typing.field import FieldType
 
 # -- annotations -------------------------------------------------------------------------------
@@ -402,7 +393,7 @@ class Kernel:
         take_pending()
         task_functions = []
         try:
-            run_untyped_pipeline(state)
+            run_untyped_pipeline(state, codegen_stages=cpu.CODEGEN_STAGES)
             driver, task_functions = cpu.build_driver(state, cfg.debug)
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
@@ -444,43 +435,6 @@ class Kernel:
 
     def __deepcopy__(self, memo):
         return self
-
-
-def run_untyped_pipeline(state) -> None:
-    """BindArguments, then (ResolveGlobals, InlineFuncs, FoldStatic) to a fixed point, then
-    RewriteSubscripts, Offload and fusion; the IR is verified after every pass (passes/verify.py)."""
-    stages = []
-
-    def run(p):
-        changed = p.run(state)
-        verify_ir(state, p.name)
-        if changed:
-            dump_ir(state, p.name)
-        stages.append(p.name)
-        return changed
-
-    run(BindArguments())
-    for _ in range(64):
-        changed = run(ResolveGlobals())
-        changed |= run(InlineFuncs())
-        changed |= run(FoldStatic())
-        changed |= run(RemoveDeadPure())
-        if not changed:
-            break
-    else:
-        raise state.error(QuadrantsCompilationError, "compile-time evaluation did not converge")
-    run(RewriteSubscripts())
-    run(CheckReadonlyWrites())
-    run(DirectArrayAccess())
-    run(ResolveGlobals())
-    run(RemoveDeadPure())
-    run(Offload())
-    run(FuseAdjacentTasks())
-    verify_final(state, "the untyped pipeline")
-
-
-PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
-            "check_readonly_writes", "direct_array_access", "offload", "cpu.build_driver", "numba typing + lowering")
 
 
 _INT_TYPES = frozenset({int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64,

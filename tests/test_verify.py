@@ -9,8 +9,8 @@ from numba.core import types
 
 import qd_numba as qd
 from qd_numba.errors import QuadrantsCompilationError
-from qd_numba.kernel import run_untyped_pipeline
 from qd_numba.passes.base import CompileState, IRTools, copy_ir
+from qd_numba.passes.pipeline import run_untyped_pipeline
 from qd_numba.passes.verify import verify_final, verify_ir
 
 x = qd.field(qd.f32, shape=16)

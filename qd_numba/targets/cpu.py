@@ -28,6 +28,11 @@ from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import copy_ir, derive_ir, exec_stub
 
+CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for "
+                  "(targets/cpu.py build_driver)",
+                  "Numba typing + lowering of the driver; each task function lowered into its library at its "
+                  "launch site; LLVM optimises and emits the kernel once")
+
 _threads_ready = False
 _lock = threading.RLock()
 

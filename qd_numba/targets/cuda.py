@@ -36,6 +36,11 @@ from ..lowering import device
 from ..lowering.raising import device_exception
 from . import cuda_tasks
 
+CODEGEN_STAGES = ("split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
+                  "(targets/cuda_tasks.py)",
+                  "per task: numba-cuda typing + lowering, NVVM, nvJitLink -> cubin (targets/cuda_compile.py)",
+                  "launch plan: cubins loaded, parameters pre-packed, host iteration counts (targets/cuda.py)")
+
 FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
 
 
@@ -651,8 +656,8 @@ def field_token(field):
 
 def compile_state(kernel, param_types, templates):
     """Run the untyped pipeline on numba-cuda's IR classes."""
-    from ..kernel import run_untyped_pipeline
     from ..passes.base import CompileState, IRTools, copy_ir
+    from ..passes.pipeline import run_untyped_pipeline
 
     tools = IRTools.for_cuda()
     runtime_params = [p.name for p in kernel.params if p.kind != "template"]
@@ -661,7 +666,7 @@ def compile_state(kernel, param_types, templates):
                          config=cfg, runtime_params=runtime_params, param_types=param_types,
                          template_values=templates, kernel_qualname=kernel.qualname)
     take_pending()
-    run_untyped_pipeline(state)
+    run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)
     return state
 
 

@@ -389,7 +389,8 @@ class Kernel:
         func_ir = copy_ir(tools.ir, self.frontend_ir(tools))
         state = CompileState(tools=tools, func_ir=func_ir, kernel_name=self.name,
                              config=cfg, runtime_params=runtime_params, param_types=param_types,
-                             template_values=templates, kernel_qualname=self.qualname)
+                             template_values=templates, kernel_qualname=self.qualname,
+                             returns_value=self.return_type is not None)
         take_pending()
         task_functions = []
         try:

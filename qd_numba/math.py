@@ -13,14 +13,12 @@ Result dtypes (one rule for both scopes; see ``qd_numba/typing/matrix.py``):
 
 In compiled code every function is typed by one template and lowered by one function that emits
 the target context's scalar implementation per element (``math.sin`` for ``sin`` ...) or an LLVM
-intrinsic (``floor ceil round``), so no Python implementation is compiled per call site.
+intrinsic (``floor ceil round``), so no Python implementation is compiled per call site. What each
+op is — arity, dtype rule, emitter, numpy implementation, adjoint rule — is one row of
+``ops/math_ops.py``.
 """
 
 from __future__ import annotations
-
-import builtins
-import math
-import operator
 
 import numpy as np
 from numba.core import errors, types
@@ -29,8 +27,9 @@ from numba.core.typing.templates import AbstractTemplate, infer_global, signatur
 
 from .dtypes import f32, i32, to_numba, to_numpy
 from .errors import QuadrantsTypeError
-from .lowering.matrix import cast_all, elements, pack, scalar_binop, scalar_select, scalar_sqrt
+from .lowering.matrix import cast_all, elements, pack
 from .matrix import Matrix, _nb_type, _wrap, matrix, vector
+from .ops.math_ops import MATH_OPS
 from .typing.matrix import (
     MatrixType,
     _arith,
@@ -68,11 +67,8 @@ def _operand_dtype(name, arg_types):
     return dtype, mats[0]
 
 
-_FLOAT_FUNCS = {"sin", "cos", "tan", "asin", "acos", "atan", "atan2", "exp", "log", "sqrt", "rsqrt", "tanh"}
-
-
 def _result_dtype(name, operand):
-    return default_float(operand) if name in _FLOAT_FUNCS else operand
+    return default_float(operand) if MATH_OPS[name].float_result else operand
 
 
 def _call_type(name, arg_types):
@@ -84,79 +80,8 @@ def _call_type(name, arg_types):
 
 
 # ---------------------------------------------------------------------------------------------
-# scalar emitters (compiled code): name -> fn(context, builder, dtype, *values)
+# Python scope (numpy) and compiled code, both from the table in ops/math_ops.py
 # ---------------------------------------------------------------------------------------------
-
-
-def _math_fn(pyfunc):
-    def emit(context, builder, t, *vals):
-        return context.get_function(pyfunc, signature(t, *([t] * len(vals))))(builder, vals)
-
-    return emit
-
-
-def _intrinsic_fn(llvm_name):
-    def emit(context, builder, t, x):
-        if not isinstance(t, types.Float):
-            return x
-        fn = builder.module.declare_intrinsic(llvm_name, [x.type])
-        return builder.call(fn, [x])
-
-    return emit
-
-
-def _emit_rsqrt(context, builder, t, x):
-    one = context.get_constant(t, 1.0)
-    return scalar_binop(context, builder, operator.truediv, t, one, scalar_sqrt(context, builder, t, x))
-
-
-def _emit_abs(context, builder, t, x):
-    return context.get_function(builtins.abs, signature(t, t))(builder, (x,))
-
-
-def _emit_pow(context, builder, t, x, y):
-    return scalar_binop(context, builder, operator.pow, t, x, y)
-
-
-def _emit_min(context, builder, t, x, y):
-    return scalar_select(context, builder, operator.lt, t, x, y)
-
-
-def _emit_max(context, builder, t, x, y):
-    return scalar_select(context, builder, operator.gt, t, x, y)
-
-
-def _emit_clamp(context, builder, t, x, lo, hi):
-    return _emit_min(context, builder, t, _emit_max(context, builder, t, x, lo), hi)
-
-
-_EMITTERS = {
-    "sin": _math_fn(math.sin), "cos": _math_fn(math.cos), "tan": _math_fn(math.tan),
-    "asin": _math_fn(math.asin), "acos": _math_fn(math.acos), "atan": _math_fn(math.atan),
-    "atan2": _math_fn(math.atan2), "exp": _math_fn(math.exp), "log": _math_fn(math.log),
-    "sqrt": _math_fn(math.sqrt), "tanh": _math_fn(math.tanh), "rsqrt": _emit_rsqrt, "abs": _emit_abs,
-    "floor": _intrinsic_fn("llvm.floor"), "ceil": _intrinsic_fn("llvm.ceil"),
-    "round": _intrinsic_fn("llvm.round"), "pow": _emit_pow, "min": _emit_min, "max": _emit_max,
-    "clamp": _emit_clamp,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# numpy implementations (Python scope): name -> fn(*arrays in the compute dtype)
-# ---------------------------------------------------------------------------------------------
-
-
-def _np_round(x):
-    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)).astype(x.dtype) if x.dtype.kind == "f" else x
-
-
-_NUMPY = {
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
-    "atan2": np.arctan2, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
-    "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x), "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
-    "round": _np_round, "pow": np.power, "min": np.minimum, "max": np.maximum,
-    "clamp": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
-}
 
 
 def _python_scope(name, args):
@@ -166,7 +91,7 @@ def _python_scope(name, args):
         raise QuadrantsTypeError(str(e)) from None
     arrays = [np.asarray(a.entries if isinstance(a, Matrix) else a).astype(to_numpy(compute)) for a in args]
     with np.errstate(all="ignore"):
-        out = np.asarray(_NUMPY[name](*arrays)).astype(to_numpy(compute))
+        out = np.asarray(MATH_OPS[name].numpy(*arrays)).astype(to_numpy(compute))
     return _wrap(out) if isinstance(rt, MatrixType) else out[()]
 
 
@@ -185,7 +110,7 @@ def _register(pyfunc, name, arity):
             return signature(_call_type(name, args)[2], *[types.unliteral(a) for a in args])
 
     infer_global(pyfunc)(MathTemplate)
-    emit = _EMITTERS[name]
+    emit = MATH_OPS[name].emit
 
     def lower(context, builder, sig, args):
         operand, compute, rt = _call_type(name, sig.args)
@@ -233,11 +158,9 @@ def clamp(x, lo, hi):
 
 
 # registered once all names exist: infer_global checks that the module attribute is the function
-for _fn in (sin, cos, tan, asin, acos, atan, exp, log, sqrt, rsqrt, tanh, abs, floor, ceil, round):
-    _register(_fn, _fn.__name__, 1)
-for _fn in (atan2, pow, min, max):
-    _register(_fn, _fn.__name__, 2)
-_register(clamp, "clamp", 3)
+for _fn in (sin, cos, tan, asin, acos, atan, exp, log, sqrt, rsqrt, tanh, abs, floor, ceil, round,
+            atan2, pow, min, max, clamp):
+    _register(_fn, _fn.__name__, MATH_OPS[_fn.__name__].arity)
 
 
 def cast(x, dtype):

@@ -65,6 +65,8 @@ class CompileState:
     dumps: list = dataclasses.field(default_factory=list)
     inlined_temps: set = dataclasses.field(default_factory=set)  # renamed '$' temporaries of inlined funcs
     kernel_qualname: str = ""       # '<module>.<qualname>': names tasks (stable across processes)
+    returns_value: bool = False     # the kernel's annotation promises a return value
+    task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
 
     @property
     def ir(self):

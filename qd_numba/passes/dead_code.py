@@ -14,8 +14,7 @@ folded ``qd.static`` condition never reaches typing.
 from __future__ import annotations
 
 from .base import MISSING, try_static
-
-_PURE_OPS = ("getattr", "build_tuple", "static_getitem", "cast", "build_list", "build_map")
+from .ir_builder import op_traits
 
 
 def _pure_calls():
@@ -29,7 +28,7 @@ def _is_pure(state, value) -> bool:
     if isinstance(value, (ir.Const, ir.Global, ir.FreeVar, ir.Var)):
         return True
     if isinstance(value, ir.Expr):
-        if value.op in _PURE_OPS:
+        if op_traits(value.op).removable:
             return True
         if value.op == "call":
             fn = try_static(state, value.func)

@@ -37,6 +37,8 @@ import sys
 from ..lowering import spaces
 from ..lowering import subscripts as sub_impl
 from .base import MISSING, try_static
+from .ir_builder import retarget
+from .plan_tasks import does_work
 
 # -- injective index expressions -------------------------------------------------------------------
 
@@ -602,6 +604,9 @@ class FuseAdjacentTasks:
             if preds != {prev}:
                 return "control flow joins between the loops"
             chain.append(lbl)
+            loop_setup = {id(s) for s in (*b_lp.plumbing, *b_lp.setup)}
+            if any(id(s) not in loop_setup and does_work(self.state, s) for s in blocks[lbl].body):
+                return "serial code between the loops does work"
             if lbl == b_lp.preheader:
                 return chain
             term = blocks[lbl].body[-1]
@@ -668,9 +673,11 @@ class FuseAdjacentTasks:
         b_header.body = new_body + [ir.Jump(b_body_entry, term.loc)]
         state.tools.ir_utils.replace_var_names({lbl: blocks[lbl] for lbl in b_lp.body}, renames)
         # control flow: A's back edges -> B's header; B's back edges -> A's header; A exits to B's exit
-        _retarget(ir, [blocks[lbl] for lbl in a_lp.body if lbl != a_lp.header], a_lp.header, b_lp.header)
-        _retarget(ir, [blocks[lbl] for lbl in b_lp.body if lbl != b_lp.header], b_lp.header, a_lp.header)
-        _retarget(ir, [a_header], a_lp.exit, b_lp.exit)
+        for lbl in a_lp.body - {a_lp.header}:
+            retarget(ir, blocks[lbl], {a_lp.header: b_lp.header})
+        for lbl in b_lp.body - {b_lp.header}:
+            retarget(ir, blocks[lbl], {b_lp.header: a_lp.header})
+        retarget(ir, a_header, {a_lp.exit: b_lp.exit})
         # B's preheader code (its iteration space, pure serial values) moves before A's loop
         plumbing = {id(s) for s in b_lp.plumbing}
         hoisted = [s for lbl in between for s in blocks[lbl].body[:-1] if id(s) not in plumbing]
@@ -729,13 +736,3 @@ def _all_names(state) -> set:
         for stmt in block.body:
             names.update(v.name for v in stmt.list_vars())
     return names
-
-
-def _retarget(ir, blocks, old: int, new: int):
-    for block in blocks:
-        term = block.body[-1]
-        if isinstance(term, ir.Jump) and term.target == old:
-            block.body[-1] = ir.Jump(new, term.loc)
-        elif isinstance(term, ir.Branch) and old in (term.truebr, term.falsebr):
-            block.body[-1] = ir.Branch(term.cond, new if term.truebr == old else term.truebr,
-                                       new if term.falsebr == old else term.falsebr, term.loc)

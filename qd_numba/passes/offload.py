@@ -7,11 +7,13 @@ loop (``range``, ``qd.ndrange``, ``qd.grouped``, struct-for over a field/ndarray
    lowering/spaces.py) and the loop by ``for flat in range(space_total(space))``;
 2. binds the loop target(s) from ``space_index(space, flat)`` at the top of the body
    (one index, several indices, or one vector index for ``qd.grouped``);
-3. records an :class:`OffloadedLoop` (the IR pieces the targets need) and a :class:`Task`.
+3. records an :class:`OffloadedLoop` (the IR pieces the targets need) and a range-for
+   :class:`Task` — for the loops every run of the kernel reaches once; a top-level loop under
+   runtime control flow (an ``if``, a ``while``) is canonicalised but stays serial code.
 
-Serial code between loops that does real work becomes a ``serial`` Task. Rejected here:
-``break``/``return`` out of a top-level loop, a loop target count that does not match the
-space, and locals assigned inside a parallel loop but read after it.
+PlanTasks (passes/plan_tasks.py) then adds the serial Tasks. Rejected here: ``break``/``return``
+out of a parallel loop, a loop target count that does not match the space, and locals assigned
+inside a parallel loop but read after it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from ..lang import loop_config as qd_loop_config
 from ..lang import ndrange as qd_ndrange
 from ..lowering import spaces, subscripts
 from ..task import Task
-from .base import MISSING, is_global_data, try_static
+from .base import MISSING, try_static
 from .dead_code import remove_dead_pure
 from .fold_static import loop_shape
+from .plan_tasks import launched_headers, task_prefix
 
 
 @dataclasses.dataclass
@@ -44,10 +47,6 @@ class OffloadedLoop:
     setup: list            # preheader statements that compute the space and the total
 
 
-def _task_prefix(state) -> str:
-    return state.kernel_qualname or state.kernel_name
-
-
 def _loc_str(loc) -> str:
     return f"{loc.filename}:{loc.line}" if loc is not None else "?"
 
@@ -60,32 +59,36 @@ class Offload:
         state.refresh_definitions()
         cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
+        launched = launched_headers(state)
         state.loops, state.tasks = [], []
-        covered = set()
-        pending_serial = []
+        preheaders = []
         for loop in loops:
             shape = loop_shape(state, loop.header, loop)
             if shape is None:  # a top-level while loop: serial code
                 continue
-            self._check_exits(state, shape, loop)
+            is_task = shape.header in launched
+            if is_task:
+                self._check_exits(state, shape, loop)
             serialize = self._take_loop_config(state, shape)
+            # every top-level loop gets a canonical iteration space; one under runtime control
+            # flow then runs as an ordinary serial loop inside its serial task
             info = self._canonicalize(state, shape)
-            pending_serial.append(shape.preheader)
-            covered |= shape.body
+            preheaders.append(shape.preheader)
+            if not is_task:
+                continue
             index = len(state.tasks)
             state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
                                              shape.iternext.value.value, info["space"], info["total"],
                                              info["plumbing"], info["setup"]))
-            state.tasks.append(Task.make(_task_prefix(state), index, "range_for", bounds=info["bounds"],
+            state.tasks.append(Task.make(task_prefix(state), index, "range_for", bounds=info["bounds"],
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
                                          header=shape.header, body=frozenset(shape.body)))
         # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
         # it would make the pass quadratic in the number of loops
-        remove_dead_pure(state, [lp.preheader for lp in state.loops])
+        remove_dead_pure(state, preheaders)
         self._check_live_outs(state)
-        self._insert_serial_tasks(state, covered)
         state.refresh_definitions()
-        return bool(state.loops)
+        return bool(preheaders)
 
     # -- checks ----------------------------------------------------------------------------
     def _check_exits(self, state, shape, loop):
@@ -243,74 +246,3 @@ class Offload:
         else:
             return  # the loop target is never read (``for _ in range(n)``): nothing to bind
         entry.body[:0] = prologue
-
-    # -- serial tasks ---------------------------------------------------------------------------
-    def _insert_serial_tasks(self, state, covered):
-        """Number serial code that does work as tasks, in program order between the loops.
-
-        The serial code before loop k is what runs after loop k-1 (or the entry) and before loop
-        k's header: the blocks reachable from there without entering a loop. Reachability, not
-        a topological block order, which interleaves the blocks of a top-level ``while`` loop
-        with later code on some Python versions."""
-        ir = state.ir
-        blocks = state.func_ir.blocks
-        cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
-        order = {lbl: k for k, lbl in enumerate(cfg.topo_order())}
-        loops = sorted(state.loops, key=lambda lp: order.get(lp.header, 0))
-        headers = {lp.header for lp in loops}
-        setup = {id(s) for lp in state.loops for s in (*lp.plumbing, *lp.setup)}
-        starts = [min(blocks)] + [lp.exit for lp in loops]
-        tasks, assigned = [], set()
-        for k, start in enumerate(starts):
-            region, todo = set(), [start]
-            while todo:
-                lbl = todo.pop()
-                if lbl in region or lbl in headers or lbl in covered or lbl in assigned or lbl not in blocks:
-                    continue
-                region.add(lbl)
-                term = blocks[lbl].body[-1]
-                todo.extend([term.target] if isinstance(term, ir.Jump) else
-                            [term.truebr, term.falsebr] if isinstance(term, ir.Branch) else [])
-            assigned |= region
-            work = [stmt.loc for lbl in region for stmt in blocks[lbl].body
-                    if id(stmt) not in setup and _does_work(state, stmt)]
-            if work:
-                tasks.append(("serial", min(work, key=lambda loc: (loc.line or 0))))
-            if k < len(loops):
-                tasks.append(("loop", loops[k]))
-        by_header = {t.header: t for t in state.tasks}
-        new_tasks = []
-        for kind, item in tasks:
-            index = len(new_tasks)
-            if kind == "serial":
-                new_tasks.append(Task.make(_task_prefix(state), index, "serial", loc=_loc_str(item)))
-            else:
-                old = by_header[item.header]
-                item.task_index = index
-                new_tasks.append(Task.make(_task_prefix(state), index, "range_for", bounds=old.bounds,
-                                           ndim=old.ndim, loc=old.loc, serialize=old.serialize,
-                                           header=old.header, body=old.body))
-        state.tasks = new_tasks
-
-
-def _does_work(state, stmt) -> bool:
-    """Statements with an effect a serial task must carry out: stores, loads of global data,
-    calls, prints. Copies, constants and scalar arithmetic (parameter bindings of inlined
-    funcs, values computed for later loops) are evaluated wherever they are needed."""
-    ir = state.ir
-    if isinstance(stmt, (ir.Jump, ir.Branch, ir.Return)):
-        return False
-    if isinstance(stmt, ir.Assign):
-        value = stmt.value
-        if isinstance(value, (ir.Arg, ir.Const, ir.Global, ir.FreeVar, ir.Var)):
-            return False
-        if isinstance(value, ir.Expr) and value.op in _PURE_SERIAL_OPS:
-            return False
-        if isinstance(value, ir.Expr) and value.op in ("getitem", "static_getitem"):
-            return is_global_data(state, value.value)
-        return True
-    return True
-
-
-_PURE_SERIAL_OPS = frozenset({"cast", "getattr", "build_tuple", "static_getitem", "binop", "unary",
-                              "exhaust_iter", "pair_first", "pair_second", "phi"})

@@ -16,6 +16,7 @@ error, reported before Numba's typing turns it into an obscure message.
 from __future__ import annotations
 
 from ..errors import QuadrantsCompilationError
+from .ir_builder import successors
 
 
 def _fail(after: str, what: str):
@@ -36,7 +37,7 @@ def verify_ir(state, after: str) -> None:
                 _fail(after, f"terminator inside block {label}")
             if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Arg) and stmt.value.index >= nargs:
                 _fail(after, f"arg index {stmt.value.index}")
-        for t in _successors(ir, block.body[-1]):
+        for t in successors(ir, block):
             if t not in blocks:
                 _fail(after, f"block {label} jumps to {t}")
     if state.config.verify_each_pass:
@@ -49,13 +50,6 @@ def verify_final(state, after: str) -> None:
     if getattr(state, "loops", None):
         _verify_tasks(state, after)
 
-
-def _successors(ir, term):
-    if isinstance(term, ir.Jump):
-        return [term.target]
-    if isinstance(term, ir.Branch):
-        return [term.truebr, term.falsebr]
-    return []
 
 
 def _verify_definitions(state, after: str) -> None:
@@ -98,6 +92,11 @@ def _verify_tasks(state, after: str) -> None:
         if seen & lp.body:
             _fail(after, f"task {lp.task_index} shares body blocks {sorted(seen & lp.body)} with another task")
         seen |= lp.body
+    for task in tasks:
+        if task.kind == "serial" and seen & task.body:
+            _fail(after, f"serial task {task.index} shares blocks {sorted(seen & task.body)} with another task")
+        if task.kind == "serial":
+            seen |= task.body
     range_tasks = [t.index for t in tasks if t.kind == "range_for"]
     if sorted(lp.task_index for lp in state.loops) != range_tasks:
         _fail(after, "range-for tasks and offloaded loops do not correspond one to one")

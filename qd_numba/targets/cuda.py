@@ -664,7 +664,8 @@ def compile_state(kernel, param_types, templates):
     cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
     state = CompileState(tools=tools, func_ir=copy_ir(tools.ir, kernel.frontend_ir(tools)), kernel_name=kernel.name,
                          config=cfg, runtime_params=runtime_params, param_types=param_types,
-                         template_values=templates, kernel_qualname=kernel.qualname)
+                         template_values=templates, kernel_qualname=kernel.qualname,
+                         returns_value=kernel.return_type is not None)
     take_pending()
     run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)
     return state
@@ -674,7 +675,7 @@ def compile_tasks(kernel, state, cc, field_slot):
     """Compile every task kernel to a cubin, in program order. Returns (plan_ir, [(unit, compiled)])."""
     from .cuda_compile import compile_task_to_cubin
 
-    plan_ir = cuda_tasks.plan(state, kernel.return_type is not None)
+    plan_ir = state.task_plan
     temp_types, out = {}, []
     debug = config.current.debug
     for unit in plan_ir.units:

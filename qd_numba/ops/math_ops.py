@@ -1,0 +1,142 @@
+"""The math operations of ``qd.*`` as one table: a row per op, with everything about it.
+
+A row gives the op's arity, its result-dtype rule (``float_result``: integers compute in the
+default float), its scalar emitter for compiled code (``emit(context, builder, dtype, *values)``),
+its numpy implementation for Python scope, and its reverse-mode adjoint rule.
+
+Adjoint rules: ``adjoint(args, out, g, qd) -> tuple`` with one gradient per argument, written
+with Python operators and the math functions of ``qd`` (the ``qd_numba.math`` module, passed in:
+it is built from this table), so one rule works on numpy values, on scalars, and inside compiled
+code. ``needs_out``: the rule reads the primal
+result (an autodiff pass keeps or recomputes it); every rule reads its arguments. The tests
+check each rule against central finite differences (tests/test_math_ops.py).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+import operator
+from collections.abc import Callable
+
+import numpy as np
+from numba.core import types
+from numba.core.typing.templates import signature
+
+from ..lowering.matrix import scalar_binop, scalar_select, scalar_sqrt
+
+
+@dataclasses.dataclass(frozen=True)
+class MathOp:
+    name: str
+    arity: int
+    float_result: bool                 # integer operands compute in the default float type
+    emit: Callable                     # (context, builder, dtype, *llvm values) -> llvm value
+    numpy: Callable                    # (*arrays in the compute dtype) -> array
+    adjoint: Callable                  # (args, out, g, qd) -> gradients, one per argument
+    needs_out: bool = False            # the adjoint reads the primal result
+
+
+# -- scalar emitters ----------------------------------------------------------------------------
+
+def _math_fn(pyfunc):
+    def emit(context, builder, t, *vals):
+        return context.get_function(pyfunc, signature(t, *([t] * len(vals))))(builder, vals)
+
+    return emit
+
+
+def _intrinsic_fn(llvm_name):
+    def emit(context, builder, t, x):
+        if not isinstance(t, types.Float):
+            return x
+        fn = builder.module.declare_intrinsic(llvm_name, [x.type])
+        return builder.call(fn, [x])
+
+    return emit
+
+
+def _emit_round(context, builder, t, x):
+    """Half away from zero, from ``llvm.trunc`` (libNVVM rejects ``llvm.round`` and ``llvm.fabs``
+    on doubles)."""
+    if not isinstance(t, types.Float):
+        return x
+    trunc = builder.module.declare_intrinsic("llvm.trunc", [x.type])
+    whole = builder.call(trunc, [x])
+    frac = builder.fsub(x, whole)       # exact, with the sign of x
+    up = builder.fcmp_ordered(">=", frac, x.type(0.5))
+    down = builder.fcmp_ordered("<=", frac, x.type(-0.5))
+    step = builder.select(up, x.type(1.0), builder.select(down, x.type(-1.0), x.type(0.0)))
+    return builder.fadd(whole, step)
+
+
+def _emit_rsqrt(context, builder, t, x):
+    one = context.get_constant(t, 1.0)
+    return scalar_binop(context, builder, operator.truediv, t, one, scalar_sqrt(context, builder, t, x))
+
+
+def _emit_abs(context, builder, t, x):
+    return context.get_function(builtins.abs, signature(t, t))(builder, (x,))
+
+
+def _emit_pow(context, builder, t, x, y):
+    return scalar_binop(context, builder, operator.pow, t, x, y)
+
+
+def _emit_min(context, builder, t, x, y):
+    return scalar_select(context, builder, operator.lt, t, x, y)
+
+
+def _emit_max(context, builder, t, x, y):
+    return scalar_select(context, builder, operator.gt, t, x, y)
+
+
+def _emit_clamp(context, builder, t, x, lo, hi):
+    return _emit_min(context, builder, t, _emit_max(context, builder, t, x, lo), hi)
+
+
+def _np_round(x):
+    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)).astype(x.dtype) if x.dtype.kind == "f" else x
+
+
+def _step(cond):
+    """1.0 where ``cond`` holds, else 0.0 (numpy arrays and scalars alike)."""
+    return cond * 1.0
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+def _op(name, arity, float_result, emit, numpy, adjoint, needs_out=False):
+    return MathOp(name, arity, float_result, emit, numpy, adjoint, needs_out)
+
+
+MATH_OPS = {op.name: op for op in (
+    _op("sin", 1, True, _math_fn(math.sin), np.sin, lambda a, out, g, qd: (g * qd.cos(a[0]),)),
+    _op("cos", 1, True, _math_fn(math.cos), np.cos, lambda a, out, g, qd: (-g * qd.sin(a[0]),)),
+    _op("tan", 1, True, _math_fn(math.tan), np.tan, lambda a, out, g, qd: (g * (1 + out * out),), needs_out=True),
+    _op("asin", 1, True, _math_fn(math.asin), np.arcsin, lambda a, out, g, qd: (g / qd.sqrt(1 - a[0] * a[0]),)),
+    _op("acos", 1, True, _math_fn(math.acos), np.arccos, lambda a, out, g, qd: (-g / qd.sqrt(1 - a[0] * a[0]),)),
+    _op("atan", 1, True, _math_fn(math.atan), np.arctan, lambda a, out, g, qd: (g / (1 + a[0] * a[0]),)),
+    _op("atan2", 2, True, _math_fn(math.atan2), np.arctan2,
+        lambda a, out, g, qd: (g * a[1] / (a[0] * a[0] + a[1] * a[1]), -g * a[0] / (a[0] * a[0] + a[1] * a[1]))),
+    _op("exp", 1, True, _math_fn(math.exp), np.exp, lambda a, out, g, qd: (g * out,), needs_out=True),
+    _op("log", 1, True, _math_fn(math.log), np.log, lambda a, out, g, qd: (g / a[0],)),
+    _op("sqrt", 1, True, _math_fn(math.sqrt), np.sqrt, lambda a, out, g, qd: (g * 0.5 / out,), needs_out=True),
+    _op("rsqrt", 1, True, _emit_rsqrt, lambda x: x.dtype.type(1) / np.sqrt(x),
+        lambda a, out, g, qd: (-0.5 * g * out / a[0],), needs_out=True),
+    _op("tanh", 1, True, _math_fn(math.tanh), np.tanh, lambda a, out, g, qd: (g * (1 - out * out),), needs_out=True),
+    _op("abs", 1, False, _emit_abs, np.abs, lambda a, out, g, qd: (g * (_step(a[0] > 0) - _step(a[0] < 0)),)),
+    _op("floor", 1, False, _intrinsic_fn("llvm.floor"), np.floor, lambda a, out, g, qd: (g * 0,)),
+    _op("ceil", 1, False, _intrinsic_fn("llvm.ceil"), np.ceil, lambda a, out, g, qd: (g * 0,)),
+    _op("round", 1, False, _emit_round, _np_round, lambda a, out, g, qd: (g * 0,)),
+    _op("pow", 2, False, _emit_pow, np.power,
+        lambda a, out, g, qd: (g * a[1] * qd.pow(a[0], a[1] - 1), g * out * qd.log(a[0])), needs_out=True),
+    _op("min", 2, False, _emit_min, np.minimum,
+        lambda a, out, g, qd: (g * _step(a[0] <= a[1]), g * _step(a[0] > a[1]))),
+    _op("max", 2, False, _emit_max, np.maximum,
+        lambda a, out, g, qd: (g * _step(a[0] >= a[1]), g * _step(a[0] < a[1]))),
+    _op("clamp", 3, False, _emit_clamp, lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+        lambda a, out, g, qd: (g * _step((a[0] >= a[1]) & (a[0] <= a[2])), g * _step(a[0] < a[1]),
+                               g * _step(a[0] > a[2]))),
+)}

@@ -58,17 +58,17 @@ def _intrinsic_fn(llvm_name):
 
 
 def _emit_round(context, builder, t, x):
-    """Half away from zero, from ``llvm.trunc`` (libNVVM rejects ``llvm.round`` and ``llvm.fabs``
-    on doubles)."""
+    """Half away from zero, from ``llvm.floor``/``llvm.ceil`` (libNVVM rejects ``llvm.round``,
+    and ``llvm.trunc``/``llvm.fabs`` in some versions): ``floor(x) + (x - floor(x) >= 0.5)`` for
+    ``x >= 0``, ``ceil(x) - (ceil(x) - x >= 0.5)`` below; both differences are exact."""
     if not isinstance(t, types.Float):
         return x
-    trunc = builder.module.declare_intrinsic("llvm.trunc", [x.type])
-    whole = builder.call(trunc, [x])
-    frac = builder.fsub(x, whole)       # exact, with the sign of x
-    up = builder.fcmp_ordered(">=", frac, x.type(0.5))
-    down = builder.fcmp_ordered("<=", frac, x.type(-0.5))
-    step = builder.select(up, x.type(1.0), builder.select(down, x.type(-1.0), x.type(0.0)))
-    return builder.fadd(whole, step)
+    floor = builder.call(builder.module.declare_intrinsic("llvm.floor", [x.type]), [x])
+    ceil = builder.call(builder.module.declare_intrinsic("llvm.ceil", [x.type]), [x])
+    one, zero, half = x.type(1.0), x.type(0.0), x.type(0.5)
+    up = builder.fadd(floor, builder.select(builder.fcmp_ordered(">=", builder.fsub(x, floor), half), one, zero))
+    down = builder.fsub(ceil, builder.select(builder.fcmp_ordered(">=", builder.fsub(ceil, x), half), one, zero))
+    return builder.select(builder.fcmp_ordered(">=", x, zero), up, down)
 
 
 def _emit_rsqrt(context, builder, t, x):
@@ -97,7 +97,10 @@ def _emit_clamp(context, builder, t, x, lo, hi):
 
 
 def _np_round(x):
-    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)).astype(x.dtype) if x.dtype.kind == "f" else x
+    if x.dtype.kind != "f":
+        return x
+    floor, ceil = np.floor(x), np.ceil(x)
+    return np.where(x >= 0, floor + (x - floor >= 0.5), ceil - (ceil - x >= 0.5)).astype(x.dtype)
 
 
 def _step(cond):

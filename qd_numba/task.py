@@ -12,12 +12,25 @@ import hashlib
 
 
 @dataclasses.dataclass(frozen=True)
+class Bounds:
+    """A range-for task's iteration space: per dimension a ``(start, stop, step)`` of size
+    expressions (passes/bounds.py says their form), or ``dims`` None when the analysis could not
+    describe it (the loop still runs: its count is computed at launch); ``text`` is for people."""
+
+    dims: tuple | None
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     index: int
     kind: str                       # "range_for" | "serial"
     name: str                       # e.g. "mymod.step.t1_range_for"
     uid: str                        # content-stable id (hex)
-    bounds: str = ""                # range_for: the iteration space as written, e.g. "ndrange(n, (1, 9))"
+    bounds: Bounds | None = None    # range_for: the iteration space (size expressions)
     ndim: int = 0                   # range_for: dimensions of the iteration space
     loc: str = ""                   # file:line of the loop (or of the first serial statement)
     serialize: bool = False         # qd.loop_config(serialize=True): run on one thread

@@ -9,7 +9,7 @@ benefits. docs/fusion.md explains the rules; in short, two range-for tasks A the
 * they are adjacent: no serial task between them (statements between them are pure and are
   hoisted before A), the same ``stream_group``, neither is ``serialize``d;
 * their iteration spaces are identical: the same constants, arguments, shapes, or values
-  computed once by earlier serial code (:func:`_space_key`);
+  computed once by earlier serial code (the Task's ``bounds``, passes/bounds.py);
 * every global resource (field, ndarray argument) that one of them writes and the other
   touches is accessed, by every access in both bodies, at one per-thread address that is
   injective in the loop index (:class:`_BodyAccesses`) — so thread *t* of the fused loop only
@@ -30,13 +30,13 @@ hoisted preheader statements, and does nothing when fusion is off.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import operator
 import sys
 
 from ..lowering import spaces
 from ..lowering import subscripts as sub_impl
 from .base import MISSING, try_static
+from .bounds import space_key
 from .ir_builder import retarget
 from .plan_tasks import does_work
 
@@ -108,7 +108,7 @@ class _BodyAccesses:
                 if isinstance(stmt, ir.Assign):
                     self.local.setdefault(stmt.target.name, []).append(stmt.value)
         self.serial_defs = serial_defs
-        self.space_key = _space_key(state, lp.space_var)
+        self.space_key = space_key(state, lp.space_var)
         header = blocks[lp.header]
         self.flat = next((s.target.name for s in header.body if isinstance(s, ir.Assign)
                           and isinstance(s.value, ir.Expr) and s.value.op == "pair_first"), None)
@@ -263,7 +263,7 @@ class _BodyAccesses:
         if flat.name != self.flat:
             return False
         # a fused loop's later parts index their own (identical) copy of the space
-        return space.name == self.lp.space_var.name or _space_key(self.state, space) == self.space_key
+        return space.name == self.lp.space_var.name or space_key(self.state, space) == self.space_key
 
     def _loop_ndim(self) -> int:
         return len(self.space_key or ((),))
@@ -360,127 +360,6 @@ def _access_callees() -> dict:
     return table
 
 
-# -- iteration spaces ---------------------------------------------------------------------------------
-
-def _space_key(state, space_var):
-    """A canonical description of an iteration space — a tuple of (start, stop, step) keys per
-    dimension — or None when the analysis cannot describe it."""
-    ir = state.ir
-    d = _follow(state, space_var)
-    if not isinstance(d, ir.Expr):
-        return None
-    if d.op == "build_tuple":
-        dims = [_dim_key(state, v) for v in d.items]
-        return None if any(k is None for k in dims) else tuple(dims)
-    if d.op != "call":
-        return None
-    fn = try_static(state, d.func)
-    if fn is spaces.range_dim:
-        keys = [_value_key(state, a) for a in d.args]
-        if any(k is None for k in keys) or not 1 <= len(keys) <= 3:
-            return None
-        zero, one = ("const", 0), ("const", 1)
-        return ((zero, keys[0], one),) if len(keys) == 1 else \
-            ((keys[0], keys[1], one),) if len(keys) == 2 else (tuple(keys),)
-    if fn is spaces.shape_space and len(d.args) == 1:
-        value = try_static(state, d.args[0])
-        if hasattr(value, "shape") and not isinstance(value, type):
-            return tuple((("const", 0), ("const", int(n)), ("const", 1)) for n in value.shape)
-        base = _value_key(state, d.args[0])
-        ty = _arg_type(state, d.args[0])
-        if base is None or getattr(ty, "ndim", None) is None:
-            return None
-        return tuple((("const", 0), ("shape", base, k), ("const", 1)) for k in range(ty.ndim))
-    return None
-
-
-def _dim_key(state, var):
-    ir = state.ir
-    d = _follow(state, var)
-    if not (isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is spaces.ndrange_dim):
-        return None
-    arg = d.args[0]
-    ad = _follow(state, arg)
-    if isinstance(ad, ir.Expr) and ad.op == "build_tuple" and len(ad.items) == 2:
-        lo, hi = (_value_key(state, v) for v in ad.items)
-        return None if lo is None or hi is None else (lo, hi, ("const", 1))
-    value = try_static(state, arg)
-    if isinstance(value, tuple) and len(value) == 2:
-        return (("const", value[0]), ("const", value[1]), ("const", 1))
-    key = _value_key(state, arg)
-    return None if key is None else (("const", 0), key, ("const", 1))
-
-
-def _follow(state, var):
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if not isinstance(d, ir.Var):
-            return d
-        var = d
-    return None
-
-
-def _arg_type(state, var):
-    ir = state.ir
-    d = _follow(state, var)
-    return state.param_types.get(d.name) if isinstance(d, ir.Arg) else None
-
-
-def _value_key(state, var, depth=0):
-    """A key equal for two variables exactly when they provably hold the same value."""
-    ir = state.ir
-    value = try_static(state, var)
-    if isinstance(value, numbers.Integral):
-        return ("const", int(value))
-    if depth > 20:
-        return None
-    for _ in range(50):
-        d = state.definition(var)
-        if not isinstance(d, ir.Var):
-            break
-        var = d
-    if d is None:
-        return None
-    if isinstance(d, ir.Arg):
-        return ("arg", d.index)
-    if isinstance(d, ir.Expr):
-        if d.op == "getattr":
-            base = _value_key(state, d.value, depth + 1)
-            return None if base is None else ("attr", base, d.attr)
-        if d.op in ("static_getitem", "getitem"):
-            index = d.index if d.op == "static_getitem" else try_static(state, d.index)
-            base = _value_key(state, d.value, depth + 1)
-            if base is None or not isinstance(index, numbers.Integral):
-                return None if base is None or d.op == "static_getitem" else ("value", var.name)
-            if base[0] == "attr" and base[2] == "shape":
-                return ("shape", base[1], int(index))
-            return ("item", base, int(index))
-        if d.op in ("binop", "unary", "cast"):
-            parts = [d.lhs, d.rhs] if d.op == "binop" else [d.value]
-            keys = [_value_key(state, v, depth + 1) for v in parts]
-            return None if any(k is None for k in keys) else (d.op, str(getattr(d, "fn", "")), *keys)
-    # computed once by serial code (a load, a call): the same single definition is the same value
-    return ("value", var.name)
-
-
-def _render_space(key) -> str:
-    def val(k):
-        if k[0] == "const":
-            return str(k[1])
-        if k[0] == "arg":
-            return f"arg{k[1]}"
-        if k[0] == "shape":
-            return f"{val(k[1])}.shape[{k[2]}]"
-        if k[0] == "value":
-            return k[1]
-        return "expr"
-    if key is None:
-        return "an iteration space the analysis cannot describe"
-    return "ndrange(" + ", ".join(f"({val(a)}, {val(b)})" if step == ("const", 1) else
-                                  f"({val(a)}, {val(b)}, {val(step)})" for a, b, step in key) + ")"
-
-
 # -- the pass -----------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -533,9 +412,9 @@ class FuseAdjacentTasks:
             return "a loop is qd.loop_config(serialize=True)"
         if a.task.stream_group != b.task.stream_group:
             return "different qd.stream_parallel groups"
-        ka, kb = _space_key(state, a.lp.space_var), _space_key(state, b.lp.space_var)
+        ka, kb = a.task.bounds.dims, b.task.bounds.dims
         if ka is None or kb is None or ka != kb:
-            return f"launch bounds differ or are unknown: {_render_space(ka)} vs {_render_space(kb)}"
+            return f"launch bounds differ or are unknown: {a.task.bounds} vs {b.task.bounds}"
         between = self._between(a.lp, b.lp)
         if isinstance(between, str):
             return between

@@ -28,6 +28,7 @@ from ..lang import ndrange as qd_ndrange
 from ..lowering import spaces, subscripts
 from ..task import Task
 from .base import MISSING, try_static
+from .bounds import task_bounds
 from .dead_code import remove_dead_pure
 from .fold_static import loop_shape
 from .plan_tasks import launched_headers, task_prefix
@@ -61,7 +62,7 @@ class Offload:
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
         launched = launched_headers(state)
         state.loops, state.tasks = [], []
-        preheaders = []
+        preheaders, grouped = [], []
         for loop in loops:
             shape = loop_shape(state, loop.header, loop)
             if shape is None:  # a top-level while loop: serial code
@@ -80,7 +81,8 @@ class Offload:
             state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
                                              shape.iternext.value.value, info["space"], info["total"],
                                              info["plumbing"], info["setup"]))
-            state.tasks.append(Task.make(task_prefix(state), index, "range_for", bounds=info["bounds"],
+            grouped.append(info["grouped"])
+            state.tasks.append(Task.make(task_prefix(state), index, "range_for",
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
                                          header=shape.header, body=frozenset(shape.body)))
         # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
@@ -88,6 +90,8 @@ class Offload:
         remove_dead_pure(state, preheaders)
         self._check_live_outs(state)
         state.refresh_definitions()
+        state.tasks = [task.renumbered(task.index, bounds=task_bounds(state, lp.space_var, grouped=g))
+                       for task, lp, g in zip(state.tasks, state.loops, grouped)]
         return bool(preheaders)
 
     # -- checks ----------------------------------------------------------------------------
@@ -158,7 +162,7 @@ class Offload:
             new.append(ir.Assign(ir.Expr.call(fvar, list(args), (), loc), out, loc))
             return out
 
-        space, ndim, is_grouped, bounds = self._space(state, shape.iterable, call, new, loc, scope)
+        space, ndim, is_grouped = self._space(state, shape.iterable, call, new, loc, scope)
         total = call(spaces.space_total, [space], "$qd_total")
         rng = scope.redefine("$qd_range", loc)
         new.append(ir.Assign(ir.Global("range", range, loc), rng, loc))
@@ -171,33 +175,33 @@ class Offload:
         body = [s for s in pre.body[:-1] if s not in shape.plumbing]
         pre.body = body + new + plumbing + [pre.body[-1]]
         self._bind_targets(state, shape, space, ndim, is_grouped)
-        return {"space": space, "total": total, "ndim": ndim, "bounds": bounds, "plumbing": plumbing,
+        return {"space": space, "total": total, "ndim": ndim, "grouped": is_grouped, "plumbing": plumbing,
                 "setup": new}
 
     def _space(self, state, iterable, call, new, loc, scope):
-        """(space var, ndim, grouped, bounds text) for a loop iterable."""
+        """(space var, ndim, grouped) for a loop iterable."""
         ir = state.ir
         d = state.definition(iterable)
         if isinstance(d, ir.Expr) and d.op == "call":
             fn = try_static(state, d.func)
             if fn is range:
-                return call(spaces.range_dim, d.args, "$qd_space"), 1, False, f"range({len(d.args)} args)"
+                return call(spaces.range_dim, d.args, "$qd_space"), 1, False
             if fn is qd_ndrange:
                 dims = [call(spaces.ndrange_dim, [a], "$qd_dim") for a in d.args]
                 tup = scope.redefine("$qd_space", loc)
                 new.append(ir.Assign(ir.Expr.build_tuple(dims, loc), tup, loc))
-                return tup, len(dims), False, f"ndrange({len(dims)} dims)"
+                return tup, len(dims), False
             if fn is qd_grouped:
                 if len(d.args) != 1:
                     raise state.error(QuadrantsSyntaxError, "qd.grouped() takes one argument", loc)
-                space, ndim, _, bounds = self._space(state, d.args[0], call, new, loc, scope)
-                return space, ndim, True, f"grouped({bounds})"
+                space, ndim, _ = self._space(state, d.args[0], call, new, loc, scope)
+                return space, ndim, True
         ndim = self._static_ndim(state, iterable)
         if ndim is None:
             raise state.error(QuadrantsSyntaxError,
                               "a top-level for loop must iterate over range(), qd.ndrange(), qd.grouped() "
                               "or a field/ndarray", loc)
-        return call(spaces.shape_space, [iterable], "$qd_space"), ndim, False, f"shape of {iterable.name}"
+        return call(spaces.shape_space, [iterable], "$qd_space"), ndim, False
 
     @staticmethod
     def _static_ndim(state, var):

@@ -37,6 +37,9 @@ class Task:
     header: int | None = None       # range_for: loop header label in the kernel IR
     body: frozenset = frozenset()   # labels of the blocks the task owns in the kernel IR
     fused_from: tuple = ()          # range_for made by fusion: file:line of each source loop, in order
+    accesses: tuple = ()            # accesses.Access per access to global data (address fingerprints)
+    reads: frozenset = frozenset()  # names of the fields/ndarray arguments the task reads
+    writes: frozenset = frozenset()  # ... and writes (stores, atomics, unknown uses)
     stream_group: int = 0           # tasks of different qd.stream_parallel groups never fuse (hook)
 
     @staticmethod

@@ -26,6 +26,7 @@ import dataclasses
 from ..errors import QuadrantsCompilationError
 from ..lowering import spaces
 from ..task import Task
+from .accesses import BodyAccesses, resource_name, serial_definitions
 from .base import is_global_data, try_static
 from .ir_builder import op_traits, successors
 
@@ -369,5 +370,13 @@ class PlanTasks:
         before = [(t.kind, t.name, t.body) for t in state.tasks]
         state.refresh_definitions()
         state.task_plan = plan(state, state.returns_value)
+        serial_defs = serial_definitions(state)
+        for unit in state.task_plan.units:
+            found = BodyAccesses(state, unit.loop, serial_defs, labels=unit.labels).accesses
+            names = {a.resource: resource_name(state, a.resource) for a in found}
+            unit.task = dataclasses.replace(
+                unit.task, accesses=tuple(found),
+                reads=frozenset(names[a.resource] for a in found if a.kind == "read"),
+                writes=frozenset(names[a.resource] for a in found if a.kind == "write"))
         state.tasks = [unit.task for unit in state.task_plan.units]
         return [(t.kind, t.name, t.body) for t in state.tasks] != before

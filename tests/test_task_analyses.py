@@ -1,4 +1,5 @@
-"""Each range-for Task carries its iteration space as size expressions (passes/bounds.py)."""
+"""Each Task carries its analyses: the iteration space as size expressions (passes/bounds.py) and
+its reads and writes of global data with address fingerprints (passes/accesses.py)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,29 @@ def test_bounds_are_structured_and_readable(rng):
     assert tasks[3].bounds.dims == ((zero, ("const", 16), one),)
     assert tasks[2].bounds.dims[0][1] == ("shape", ("arg", 1), 0)
     assert "over range(n) at" in tasks[0].describe()
+
+
+def test_tasks_carry_read_and_write_sets(rng):
+    total = qd.field(qd.f32, shape=(), name="total")
+
+    @qd.kernel
+    def rw(a: qd.types.ndarray(dtype=qd.f32, ndim=1), b: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        total[None] = 0.0
+        for i in range(a.shape[0]):
+            b[i] = a[i] * 2.0
+        for i in range(a.shape[0]):
+            total[None] += b[i]
+
+    a = rng.random(32).astype(np.float32)
+    b = np.zeros_like(a)
+    rw(a, b)
+    np.testing.assert_allclose(b, a * 2, rtol=1e-6)
+    np.testing.assert_allclose(total[None], np.sum(a * 2), rtol=1e-5)
+    serial, first, second = rw.tasks(a, b)
+    assert serial.kind == "serial" and serial.writes == {"total"} and not serial.reads
+    assert first.reads == {"a"} and first.writes == {"b"}
+    assert second.reads == {"b", "total"} and second.writes == {"total"}   # += reads, then updates atomically
+    store = next(acc for acc in first.accesses if acc.kind == "write")
+    assert store.where.covers == frozenset({0})        # b[i]: injective in the loop index
+    atomic = next(acc for acc in second.accesses if acc.kind == "write")
+    assert atomic.where.covers is None                  # total[None]: every thread, one address

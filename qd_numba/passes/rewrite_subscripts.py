@@ -1,14 +1,19 @@
 """RewriteSubscripts: Quadrants' meaning of subscript updates, atomics and division.
 
-Rewrites, per statement pattern (global data = a field or an ndarray argument):
+The rewrites are a table of ``(pattern, rewrite)`` rows (:data:`PATTERNS`), tried in order on
+every statement; the first row whose matcher accepts the statement replaces it (global data =
+a field or an ndarray argument, ``L`` a local value):
 
 ==========================================  =============================================
 ``G[I] op= V`` (op in + - & | ^)            ``atomic_update(G, I, V, op)``: atomic RMW
 ``G[I][J] op= V`` (vector field component)  ``nested_atomic(G, I, J, V, op)``
-``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
-``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
+``G[I] = V``                                kept (a plain store)
 ``L[I] = V`` (local vector/matrix)          ``L = subscript_store(L, I, V)``: value update
 ``G[I][J] = V``                             ``T = G[I]; T[J] = V; G[I] = T`` (value types)
+``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
+``qd.atomic_<op>(G[I][J], V)``              ``nested_atomic(G, I, J, V, op)``: returns old
+``qd.atomic_<op>(L[I], V)``                 ``old = L[I]; L = subscript_store(L, I, L[I] op V)``
+``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
 ``a / b``                                   ``true_divide(a, b)``: ints give ``default_fp``
 ==========================================  =============================================
 
@@ -17,25 +22,232 @@ Other ``op=`` (``*=``, ``/=`` ...) stay plain read-modify-writes, as in Quadrant
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from collections.abc import Callable
 
 from ..lang import ATOMIC_FUNCTIONS
 from ..lowering import subscripts as impl
 from .base import MISSING, is_global_data, try_static
+from .ir_builder import emit_call
 
 _AUG_OPS = {operator.iadd: "add", operator.isub: "sub", operator.iand: "and",
             operator.ior: "or", operator.ixor: "xor"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Subscript:
+    """``base[index]``: the index as a variable, or as a constant (``static_getitem``)."""
+    base: object
+    index_var: object
+    const_index: object = None
+
+
 def _subscript(state, var):
-    """(base, index var or None, const index) if ``var`` is defined by ``base[index]``."""
+    """The Subscript ``var`` is defined by, or None."""
     d = state.definition(var)
     ir = state.ir
     if isinstance(d, ir.Expr) and d.op == "getitem":
-        return d.value, d.index, None
+        return Subscript(d.value, d.index)
     if isinstance(d, ir.Expr) and d.op == "static_getitem":
-        return d.value, d.index_var, d.index
+        return Subscript(d.value, d.index_var, d.index)
     return None
+
+
+class _Emitter:
+    """Builds the replacement statements of one rewrite in ``block``."""
+
+    def __init__(self, state, block, loc):
+        self.state, self.block, self.loc, self.ir = state, block, loc, state.ir
+        self.out = []
+
+    def var(self, hint):
+        return self.block.scope.redefine(hint, self.loc)
+
+    def const(self, value):
+        var = self.var("$qd_const")
+        self.out.append(self.ir.Assign(self.ir.Const(value, self.loc), var, self.loc))
+        return var
+
+    def index(self, sub: Subscript):
+        """A variable holding ``sub``'s index (static_getitem may only have a constant)."""
+        return sub.index_var if sub.index_var is not None else self.const(sub.const_index)
+
+    def call(self, fn, args, target):
+        self.out += emit_call(self.ir, fn, args, target, self.loc, self.var(f"$qd_{fn.__name__}"))
+        return target
+
+    def assign(self, value, target):
+        self.out.append(self.ir.Assign(value, target, self.loc))
+
+
+# -- matchers: statement -> match dict or None --------------------------------------------------------
+
+def _store(state, stmt):
+    """``target[index] = value``: target, the index as a Subscript of the target, the value."""
+    ir = state.ir
+    if isinstance(stmt, ir.SetItem):
+        return {"target": stmt.target, "sub": Subscript(stmt.target, stmt.index), "value": stmt.value}
+    if isinstance(stmt, ir.StaticSetItem):
+        return {"target": stmt.target, "sub": Subscript(stmt.target, stmt.index_var, stmt.index),
+                "value": stmt.value}
+    return None
+
+
+def _aug_store(state, stmt):
+    """``T[I] op= V``: a store of ``T[I] <inplace op> V`` back into ``T[I]``."""
+    m = _store(state, stmt)
+    if m is None:
+        return None
+    ir = state.ir
+    vdef = state.definition(m["value"])
+    if not (isinstance(vdef, ir.Expr) and vdef.op == "inplace_binop" and vdef.fn in _AUG_OPS):
+        return None
+    loaded = _subscript(state, vdef.lhs)
+    if loaded is None or loaded.base.name != m["target"].name:
+        return None
+    return {**m, "op": _AUG_OPS[vdef.fn], "rhs": vdef.rhs}
+
+
+def _match_aug_global(state, stmt):
+    m = _aug_store(state, stmt)
+    return m if m is not None and is_global_data(state, m["target"]) else None
+
+
+def _match_aug_nested(state, stmt):
+    m = _aug_store(state, stmt)
+    if m is None:
+        return None
+    outer = _subscript(state, m["target"])
+    return {**m, "outer": outer} if outer is not None and is_global_data(state, outer.base) else None
+
+
+def _match_global_store(state, stmt):
+    m = _store(state, stmt)
+    return m if m is not None and is_global_data(state, m["target"]) else None
+
+
+def _match_local_store(state, stmt):
+    m = _store(state, stmt)
+    if m is None:
+        return None
+    outer = _subscript(state, m["target"])
+    return {**m, "outer": outer if outer is not None and is_global_data(state, outer.base) else None}
+
+
+def _atomic_call(state, stmt):
+    """``target = qd.atomic_<op>(dest, value)``."""
+    ir = state.ir
+    if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call"):
+        return None
+    expr = stmt.value
+    fn = try_static(state, expr.func)
+    if fn is MISSING or not callable(fn) or fn not in ATOMIC_FUNCTIONS:
+        return None
+    if len(expr.args) != 2 or expr.kws:
+        raise state.error(TypeError, f"qd.atomic_{ATOMIC_FUNCTIONS[fn]}(target, value) takes 2 arguments", stmt.loc)
+    dest, value = expr.args
+    # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
+    # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.
+    sub = _subscript(state, dest) if state.is_temp(dest) else None
+    return {"target": stmt.target, "dest": dest, "value": value, "op": ATOMIC_FUNCTIONS[fn], "sub": sub}
+
+
+def _match_atomic_global(state, stmt):
+    m = _atomic_call(state, stmt)
+    return m if m is not None and m["sub"] is not None and is_global_data(state, m["sub"].base) else None
+
+
+def _match_atomic_nested(state, stmt):
+    m = _atomic_call(state, stmt)
+    if m is None or m["sub"] is None:
+        return None
+    outer = _subscript(state, m["sub"].base)
+    return {**m, "outer": outer} if outer is not None and is_global_data(state, outer.base) else None
+
+
+def _match_atomic_local_element(state, stmt):
+    m = _atomic_call(state, stmt)
+    return m if m is not None and m["sub"] is not None else None
+
+
+def _match_atomic_local(state, stmt):
+    return _atomic_call(state, stmt)
+
+
+def _match_true_divide(state, stmt):
+    ir = state.ir
+    if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "binop" \
+            and stmt.value.fn is operator.truediv:
+        return {"target": stmt.target, "lhs": stmt.value.lhs, "rhs": stmt.value.rhs}
+    return None
+
+
+# -- rewrites: (emitter, match) -> None (the statements are in emitter.out) ---------------------------
+
+def _atomic_update(e, m):
+    index = e.index(m["sub"])
+    op = e.const(m["op"])
+    e.call(impl.atomic_update, [m["sub"].base, index, m.get("rhs", m.get("value")), op],
+           m["target"] if "dest" in m else e.var("$qd_old"))
+
+
+def _nested_atomic(e, m):
+    index, outer_index = e.index(m["sub"]), e.index(m["outer"])
+    op = e.const(m["op"])
+    e.call(impl.nested_atomic, [m["outer"].base, outer_index, index, m.get("rhs", m.get("value")), op],
+           m["target"] if "dest" in m else e.var("$qd_old"))
+
+
+def _keep(e, m):
+    e.out = None
+
+
+def _value_update(e, m):
+    index = e.index(m["sub"])
+    target = m["target"]
+    e.call(impl.subscript_store, [target, index, m["value"]], target)
+    if m["outer"] is not None:
+        e.call(impl.write_back, [m["outer"].base, e.index(m["outer"]), target], e.var("$qd_wb"))
+
+
+def _atomic_local_element(e, m):
+    index = e.index(m["sub"])
+    op = e.const(m["op"])
+    e.assign(m["dest"], m["target"])
+    new = e.call(impl.apply_op, [m["dest"], m["value"], op], e.var("$qd_new"))
+    e.call(impl.subscript_store, [m["sub"].base, index, new], m["sub"].base)
+
+
+def _atomic_local(e, m):
+    op = e.const(m["op"])
+    e.assign(m["dest"], m["target"])
+    new = e.call(impl.apply_op, [m["dest"], m["value"], op], e.var("$qd_new"))
+    e.assign(new, m["dest"])
+
+
+def _true_divide(e, m):
+    e.call(impl.true_divide, [m["lhs"], m["rhs"]], m["target"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    text: str
+    match: Callable
+    rewrite: Callable
+
+
+PATTERNS = (
+    Pattern("G[I] op= V", _match_aug_global, _atomic_update),
+    Pattern("G[I][J] op= V", _match_aug_nested, _nested_atomic),
+    Pattern("G[I] = V", _match_global_store, _keep),
+    Pattern("L[I] = V, G[I][J] = V", _match_local_store, _value_update),
+    Pattern("qd.atomic_<op>(G[I], V)", _match_atomic_global, _atomic_update),
+    Pattern("qd.atomic_<op>(G[I][J], V)", _match_atomic_nested, _nested_atomic),
+    Pattern("qd.atomic_<op>(L[I], V)", _match_atomic_local_element, _atomic_local_element),
+    Pattern("qd.atomic_<op>(L, V)", _match_atomic_local, _atomic_local),
+    Pattern("a / b", _match_true_divide, _true_divide),
+)
 
 
 class RewriteSubscripts:
@@ -58,101 +270,13 @@ class RewriteSubscripts:
             state.refresh_definitions()
         return changed
 
-    def _global(self, state, obj, loc, name):
-        return state.ir.Global(name, obj, loc)
-
-    def _call(self, state, block, fn, args, target, loc):
-        """[``$f = global(fn)``, ``target = call $f(*args)``]."""
-        ir = state.ir
-        fvar = block.scope.redefine(f"$qd_{fn.__name__}", loc)
-        return [ir.Assign(ir.Global(fn.__name__, fn, loc), fvar, loc),
-                ir.Assign(ir.Expr.call(fvar, list(args), (), loc), target, loc)]
-
-    def _const(self, state, block, value, loc):
-        ir = state.ir
-        var = block.scope.redefine("$qd_const", loc)
-        return var, ir.Assign(ir.Const(value, loc), var, loc)
-
-    def _index_var(self, state, block, index_var, const_index, loc):
-        """A variable holding the index (static_getitem/StaticSetItem may only have a constant)."""
-        if index_var is not None:
-            return index_var, []
-        var, stmt = self._const(state, block, const_index, loc)
-        return var, [stmt]
-
-    def _rewrite(self, state, block, stmt):
-        ir = state.ir
-        loc = stmt.loc
-        # -- stores: G[I] op= V, G[I] = V, L[I] = V ------------------------------------------
-        if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)):
-            target, value = stmt.target, stmt.value
-            if isinstance(stmt, ir.SetItem):
-                index, pre = stmt.index, []
-            else:
-                index, pre = self._index_var(state, block, stmt.index_var, stmt.index, loc)
-            vdef = state.definition(value)
-            aug = (isinstance(vdef, ir.Expr) and vdef.op == "inplace_binop" and vdef.fn in _AUG_OPS)
-            if aug:
-                loaded = _subscript(state, vdef.lhs)
-                aug = loaded is not None and loaded[0].name == target.name
-            if aug:
-                op_var, op_stmt = self._const(state, block, _AUG_OPS[vdef.fn], loc)
-                tmp = block.scope.redefine("$qd_old", loc)
-                if is_global_data(state, target):
-                    return pre + [op_stmt] + self._call(state, block, impl.atomic_update,
-                                                        [target, index, vdef.rhs, op_var], tmp, loc)
-                outer = _subscript(state, target)
-                if outer is not None and is_global_data(state, outer[0]):
-                    oindex, opre = self._index_var(state, block, outer[1], outer[2], loc)
-                    return pre + opre + [op_stmt] + self._call(
-                        state, block, impl.nested_atomic, [outer[0], oindex, index, vdef.rhs, op_var], tmp, loc)
-            if is_global_data(state, target):
-                return None if not pre else None
-            # a local value (vector/matrix) or an element of global data: value update
-            out = pre + self._call(state, block, impl.subscript_store, [target, index, value], target, loc)
-            outer = _subscript(state, target)
-            if outer is not None and is_global_data(state, outer[0]):
-                oindex, opre = self._index_var(state, block, outer[1], outer[2], loc)
-                wb = block.scope.redefine("$qd_wb", loc)
-                out += opre + self._call(state, block, impl.write_back, [outer[0], oindex, target], wb, loc)
-            return out
-        if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)):
-            return None
-        expr = stmt.value
-        # -- qd.atomic_<op>(x, v) ---------------------------------------------------------------
-        if expr.op == "call":
-            fn = try_static(state, expr.func)
-            if fn is MISSING or not callable(fn) or fn not in ATOMIC_FUNCTIONS:
-                return None
-            if len(expr.args) != 2 or expr.kws:
-                raise state.error(TypeError, f"qd.atomic_{ATOMIC_FUNCTIONS[fn]}(target, value) takes 2 arguments",
-                                  loc)
-            dest, value = expr.args
-            op_var, op_stmt = self._const(state, block, ATOMIC_FUNCTIONS[fn], loc)
-            # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
-            # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.
-            sub = _subscript(state, dest) if state.is_temp(dest) else None
-            if sub is not None:
-                base, idx_var, const_idx = sub
-                index, pre = self._index_var(state, block, idx_var, const_idx, loc)
-                if is_global_data(state, base):
-                    return pre + [op_stmt] + self._call(state, block, impl.atomic_update,
-                                                        [base, index, value, op_var], stmt.target, loc)
-                outer = _subscript(state, base)
-                if outer is not None and is_global_data(state, outer[0]):
-                    oindex, opre = self._index_var(state, block, outer[1], outer[2], loc)
-                    return pre + opre + [op_stmt] + self._call(
-                        state, block, impl.nested_atomic, [outer[0], oindex, index, value, op_var],
-                        stmt.target, loc)
-                # element of a local vector: old value, then a value update
-                new = block.scope.redefine("$qd_new", loc)
-                return pre + [op_stmt, ir.Assign(dest, stmt.target, loc)] + self._call(
-                    state, block, impl.apply_op, [dest, value, op_var], new, loc) + self._call(
-                    state, block, impl.subscript_store, [base, index, new], base, loc)
-            new = block.scope.redefine("$qd_new", loc)
-            return [op_stmt, ir.Assign(dest, stmt.target, loc)] + self._call(
-                state, block, impl.apply_op, [dest, value, op_var], new, loc) + [ir.Assign(new, dest, loc)]
-        # -- a / b ----------------------------------------------------------------------------
-        if expr.op == "binop" and expr.fn is operator.truediv:
-            return self._call(state, block, impl.true_divide, [expr.lhs, expr.rhs], stmt.target, loc)
+    @staticmethod
+    def _rewrite(state, block, stmt):
+        """The statements replacing ``stmt`` (first matching row of PATTERNS), or None."""
+        for pattern in PATTERNS:
+            match = pattern.match(state, stmt)
+            if match is not None:
+                emitter = _Emitter(state, block, stmt.loc)
+                pattern.rewrite(emitter, match)
+                return emitter.out
         return None

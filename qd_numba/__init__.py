@@ -42,6 +42,7 @@ from .errors import (
     QuadrantsRuntimeError,
     QuadrantsSyntaxError,
     QuadrantsTypeError,
+    QuadrantsWarning,
 )
 from .field import Field, Ndarray, field, ndarray
 from .kernel import Kernel, QdFunc, Template, func, kernel, template

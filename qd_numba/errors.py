@@ -7,6 +7,9 @@ from the matching builtin (``QuadrantsSyntaxError`` is a ``SyntaxError``,
 Errors that point at user code carry the kernel name and a ``file:line`` with the
 source line; :func:`located` builds that message once, at the failing node.
 Set ``QD_RAW_ERRORS=1`` to let Numba's own exceptions through unwrapped.
+
+:class:`QuadrantsWarning` marks code that runs but probably not as meant (a global list read at
+a constant index is frozen at compile time); docs/guide/errors.md lists them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class QuadrantsAssertionError(QuadrantsError, AssertionError):
 
 class QuadrantsRuntimeError(QuadrantsError, RuntimeError):
     """An error while a kernel runs (out-of-bounds access in debug mode, no device, ...)."""
+
+
+class QuadrantsWarning(UserWarning):
+    """Code that compiles and runs but likely not as meant; silence it with ``warnings.filterwarnings``."""
 
 
 def source_excerpt(loc) -> str:

@@ -15,6 +15,7 @@ every kernel's compiled instances (:func:`forget_compiled`).
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import threading
 import weakref
@@ -28,13 +29,14 @@ from . import config, dtypes
 from .errors import (
     QuadrantsCompilationError,
     QuadrantsError,
+    QuadrantsNameError,
     QuadrantsRuntimeError,
     QuadrantsSyntaxError,
     QuadrantsTypeError,
     located,
     take_pending,
 )
-from .field import ArrayData, Ndarray, element_shape
+from .field import ArrayData, Field, Ndarray, element_shape
 from .frontend.keys import artifact_key
 from .generated_code import exec_generated
 from .passes.base import CompileState, IRTools, copy_ir
@@ -171,8 +173,27 @@ def _frontend(tools, fn, name):
         return tools.run_frontend(fn)
     except numba_errors.UnsupportedError as e:
         raise QuadrantsSyntaxError(f"in '{name}': unsupported Python construct: {e}") from None
-    except numba_errors.NumbaError as e:
+    except Exception as e:
+        if not is_numba_error(e):  # Numba's or numba-cuda's
+            raise
+        if _is_numba_error_class(e, "NotDefinedError"):
+            raise located(QuadrantsNameError, f"in '{name}': {_unbound_local(fn, e.name)}", loc=e.loc) from None
         raise QuadrantsSyntaxError(f"in '{name}': {e}") from None
+
+
+def _unbound_local(fn, name: str) -> str:
+    """What to write instead, when the frontend finds ``name`` read before any assignment: mostly
+    ``x += ...`` on a global 0-d field, which Python makes a local variable of the kernel."""
+    value = fn.__globals__.get(name)
+    if isinstance(value, Field) and value.shape == ():
+        return (f"'{name}' is a 0-d field: read and write its value as {name}[None] "
+                f"(e.g. {name}[None] += ...); assigning to '{name}' itself makes it a local variable")
+    if isinstance(value, ArrayData):
+        return (f"assigning to '{name}' makes it a local variable of the kernel; "
+                f"write to the elements of the field instead: {name}[i] = ...")
+    return (f"local variable '{name}' is read before it is assigned; assigning to a global or enclosing "
+            f"variable makes it local to the kernel (for a 0-d field write {name}[None] += ...; kernels "
+            "cannot rebind Python variables)")
 
 
 # -- kernels ---------------------------------------------------------------------------------------------
@@ -305,7 +326,7 @@ class Kernel:
                 runtime.append(name)
         key = "(" + "".join(f"{k}, " for k in key_items) + ")"
         lines += [f"        inst = instances[{key}]",
-                  "    except (KeyError, TypeError, ValueError):",
+                  "    except (KeyError, TypeError, ValueError, NotImplementedError):",
                   f"        return __qd_self._slow_call({', '.join(names)})",
                   "    try:",
                   f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
@@ -324,16 +345,23 @@ class Kernel:
         return Kernel.__call__(self, *args, **kwargs)
 
     def _slow_call(self, *args):
-        with self._lock:
-            args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
-            types_, templates = self._argument_types(args)
-            key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
-                        for p, a in zip(self.params, args) if p.kind != "scalar")
-            inst = self._instances.get(key)
-            if inst is None:
-                inst = self._compile(types_, templates)
-                self._instances[key] = inst
-            self.last_instance = inst
+        """A call the generated caller did not serve: check the arguments, compile if needed, run.
+        It runs inside the caller's ``except KeyError`` (the cache miss): our errors leave without
+        that KeyError as their context, so no "During handling of the above exception" precedes them."""
+        try:
+            with self._lock:
+                args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
+                types_, templates = self._argument_types(args)
+                key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
+                            for p, a in zip(self.params, args) if p.kind != "scalar")
+                inst = self._instances.get(key)
+                if inst is None:
+                    inst = self._compile(types_, templates)
+                    self._instances[key] = inst
+                self.last_instance = inst
+        except QuadrantsError as e:
+            e.__context__ = None
+            raise
         runtime = [a for p, a in zip(self.params, args) if p.kind != "template"]
         try:
             return inst.entry(*runtime, *inst.hidden)
@@ -369,6 +397,11 @@ class Kernel:
                     raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
                 types_[p.name] = p.nbtype
             else:
+                if isinstance(a, Field):
+                    raise QuadrantsTypeError(
+                        f"{where}: got the field {a!r}, but a qd.types.ndarray() parameter takes a numpy array "
+                        "or a qd.ndarray; fields are global: use the field in the kernel directly, or declare "
+                        f"the parameter as '{p.name}: qd.template()' to pass fields")
                 types_[p.name] = _ndarray_type(where, p.annotation, a, debug)
         return types_, templates
 
@@ -469,7 +502,8 @@ def _ndarray_type(where, spec, a, debug):
     if eshape and a.shape[ndim:] != eshape:
         raise QuadrantsTypeError(f"{where}: expected elements of shape {eshape}, got array of shape {a.shape}")
     if spec.dtype is not None and dtype != spec.dtype:
-        raise QuadrantsTypeError(f"{where}: expected dtype {spec.dtype}, got {dtype}")
+        raise QuadrantsTypeError(f"{where}: expected dtype {spec.dtype}, got {dtype}; convert a numpy array "
+                                 f"with .astype(np.{np.dtype(str(spec.dtype)).type.__name__})")
     if spec.ndim is not None and ndim != spec.ndim:
         raise QuadrantsTypeError(f"{where}: expected ndim={spec.ndim}, got an array with ndim={ndim}")
     layout = "C" if a.flags.c_contiguous else "A"
@@ -479,34 +513,52 @@ def _ndarray_type(where, spec, a, debug):
     return types.Array(dtype, ndim, layout, readonly=readonly)
 
 
-def _typing_loc(exc):
-    """The innermost statement Numba's type inference was resolving when ``exc`` (not a Numba
-    error, so Numba let it through without a location) was raised: the ``loc`` local of its
-    constraint-propagation frames (Numba's or numba-cuda's), skipping statements of qd_numba's,
-    Numba's and numba-cuda's own code."""
+def _source_loc(exc):
+    """The innermost user statement Numba was typing or lowering when ``exc`` (not a Numba error,
+    so Numba let it through without a location) was raised: the ``loc`` local of its constraint-
+    propagation frames, or the statement (``inst``) of its lowering frames (Numba's or numba-cuda's),
+    skipping statements of qd_numba's, Numba's and numba-cuda's own code."""
     import os
 
     import numba
-    from numba.core import typeinfer
+    from numba.core import lowering, typeinfer
 
-    typeinfer_files = {typeinfer.__file__}
+    compiler_files = {typeinfer.__file__: "loc", lowering.__file__: "inst"}
     internal = [os.path.dirname(numba.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep]
-    cuda_typeinfer = sys.modules.get("numba.cuda.core.typeinfer")
-    if cuda_typeinfer is not None:
-        typeinfer_files.add(cuda_typeinfer.__file__)
+    if "numba.cuda.core.typeinfer" in sys.modules:
+        compiler_files[sys.modules["numba.cuda.core.typeinfer"].__file__] = "loc"
         internal.append(os.path.dirname(sys.modules["numba.cuda"].__file__) + os.sep)
+    if "numba.cuda.core.lowering" in sys.modules:
+        compiler_files[sys.modules["numba.cuda.core.lowering"].__file__] = "inst"
     loc = None
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code.co_filename in typeinfer_files:
-            candidate = frame.f_locals.get("loc")
+        local = compiler_files.get(frame.f_code.co_filename)
+        if local is not None:
+            candidate = frame.f_locals.get(local)
+            candidate = getattr(candidate, "loc", None) if local == "inst" else candidate
             filename = getattr(candidate, "filename", None)
             if filename and hasattr(candidate, "line") \
                     and not os.path.abspath(filename).startswith(tuple(internal)):
                 loc = candidate
         tb = tb.tb_next
     return loc
+
+
+def _raised_by_codegen(exc) -> bool:
+    """Raised by qd_numba's typing or lowering code (our Numba extensions), which knows no kernel
+    or source line, rather than by a pass (whose errors are located where they are raised)."""
+    import os
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    here = os.path.dirname(os.path.abspath(__file__))
+    where = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return where.startswith((os.path.join(here, "lowering") + os.sep, os.path.join(here, "typing") + os.sep))
 
 
 def is_numba_error(e) -> bool:
@@ -517,13 +569,19 @@ def is_numba_error(e) -> bool:
     return cuda_errors is not None and isinstance(e, cuda_errors.NumbaError)
 
 
+def _is_numba_error_class(e, name: str) -> bool:
+    """``e`` is an instance of Numba's error class ``name`` (of either copy of Numba's errors)."""
+    return is_numba_error(e) and any(c.__name__ == name for c in type(e).__mro__)
+
+
 def compile_error(kernel_name, e, param_types, raw_errors: bool, pending_fallback=None):
     """The exception to raise for ``e``, raised while compiling ``kernel_name`` on any target,
-    or None to let ``e`` through unchanged. Our errors raised inside Numba's typing get the
-    kernel name and source line; Numba's become ours (``QD_RAW_ERRORS`` keeps them)."""
+    or None to let ``e`` through unchanged. Our errors raised inside Numba's typing or lowering get
+    the kernel name and source line; Numba's become ours (``QD_RAW_ERRORS`` keeps them)."""
     if isinstance(e, QuadrantsError):
-        if take_pending() is e:  # raised inside Numba's typing, which let it through: not located yet
-            return located(type(e), str(e), kernel_name, _typing_loc(e))
+        # raised inside Numba's typing, which let it through, or by our lowering: not located yet
+        if take_pending() is e or _raised_by_codegen(e):
+            return located(type(e), str(e), kernel_name, _source_loc(e))
         return None
     if raw_errors or not is_numba_error(e):
         return None
@@ -538,14 +596,48 @@ def _wrap_numba_error(kernel_name, e, pending, param_types=None):
     readonly = [name for name, ty in (param_types or {}).items() if is_readonly(ty)]
     if readonly and "readonly array" in text:  # a write the CheckReadonlyWrites pass cannot see (a callee)
         names = ", ".join(f"'{n}'" for n in readonly)
-        return QuadrantsTypeError(f"in kernel '{kernel_name}': read-only array argument {names} "
-                                  f"(numpy flags.writeable is False) is written to\n{text}")
-    if isinstance(e, numba_errors.TypingError):
-        first = text.strip().splitlines()[0] if text.strip() else "type error"
-        return QuadrantsTypeError(f"in kernel '{kernel_name}': {first}\n{text}")
-    if isinstance(e, numba_errors.UnsupportedError):
-        return QuadrantsSyntaxError(f"in kernel '{kernel_name}': unsupported construct: {text}")
-    return QuadrantsCompilationError(f"in kernel '{kernel_name}': {text}")
+        return located(QuadrantsTypeError, f"read-only array argument {names} (numpy flags.writeable is False) "
+                       "is written to", kernel_name, loc)
+    report = numba_report(text)
+    if "qd.field(" in report and "ndim=0" in report:
+        report += "\n(a 0-d field holds one value: read and write it as x[None], e.g. x[None] += 1)"
+    if _is_numba_error_class(e, "TypingError"):
+        err = located(QuadrantsTypeError, report, kernel_name, loc)
+    elif _is_numba_error_class(e, "UnsupportedError"):
+        err = located(QuadrantsSyntaxError, f"unsupported construct: {report}", kernel_name, loc)
+    else:
+        err = located(QuadrantsCompilationError, report, kernel_name, loc)
+    return type(err)(f"{err}\n(set QD_RAW_ERRORS=1 for Numba's full report)")
+
+
+_NUMBA_NOISE = re.compile(r"(Failed in .* mode pipeline|During: |raised from |<source elided>)")
+_NUMBA_SOURCE = re.compile(r'File ".*", line \d+:$')
+_NUMBA_NO_IMPL = re.compile(r"No implementation of function .* found for signature:\s*>>> (.*?)\s*There are \d+ "
+                            r"candidate implementations", re.S)
+_NUMBA_REASON = re.compile(r"raised a specific error:\s*\n\s*(?:\w+(?:Error|Exception): )?(.*)")
+
+
+def numba_report(text: str) -> str:
+    """The part of a Numba error report that speaks about the user's code: without the pipeline
+    stages, the compiler's statements and Numba's source excerpt (ours replaces it); a failed
+    overload resolution becomes "cannot call f(types): innermost reason"."""
+    lines, in_source = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if _NUMBA_SOURCE.match(stripped):
+            in_source = True
+        elif in_source:
+            in_source = bool(stripped)
+        elif not _NUMBA_NOISE.match(stripped):
+            lines.append(line.rstrip())
+    core = "\n".join(lines).strip()
+    core = re.sub(r"(Type of variable '.*' cannot be determined), operation: .*", r"\1", core)
+    no_impl = _NUMBA_NO_IMPL.search(core)
+    if no_impl is None:
+        return re.sub(r"\n\s*\n+", "\n", core) or "type error"
+    reasons = _NUMBA_REASON.findall(core)
+    reason = f": {reasons[-1].strip()}" if reasons else ""
+    return f"cannot call {no_impl.group(1).strip()}{reason}"
 
 
 def kernel(fn=None, *, graph: bool = False, fuse=None):

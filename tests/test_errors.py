@@ -486,3 +486,375 @@ def test_keyword_arguments_defaults_and_bad_calls(rng):
                       (lambda: axpby(x, a=1.0), "missing a required argument: 'y'")):
         with pytest.raises(qd.QuadrantsTypeError, match=rf"kernel 'axpby'.*{what}"):
             bad()
+
+
+# -- first-hour mistakes: each message says what to write instead --------------------------------------
+
+
+def _no_keyerror_chain(exc):
+    """Neither a chained KeyError (the call path's cache miss) nor Numba's exception shows."""
+    import traceback
+
+    shown = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    assert not isinstance(exc.__context__, KeyError), shown
+    assert "During handling of the above exception" not in shown and "KeyError" not in shown, shown
+
+
+def _plain_python_helper(x):
+    return x * 3.0 + 1.0
+
+
+def _bad_calls():
+    """(name, call, expected error) for mistakes caught at the argument check and at compile time."""
+
+    @qd.kernel
+    def needs_helper(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = _plain_python_helper(a[i])
+
+    fill = make_fill()
+    return [("dtype", lambda a: fill(a.astype(np.float64), 1.0), qd.QuadrantsTypeError),
+            ("helper", lambda a: needs_helper(a), qd.QuadrantsTypeError),
+            ("field", lambda a: fill(qd.field(qd.f32, shape=4), 1.0), qd.QuadrantsTypeError)]
+
+
+@pytest.mark.parametrize("which", ["dtype", "helper", "field"])
+def test_errors_do_not_chain_the_cache_miss(which, rng):
+    """The call path looks the compiled instance up and handles the miss; errors raised then
+    (argument checks, compilation) carry no KeyError context, on the first and on later calls."""
+    (name, call, exc_type), = [c for c in _bad_calls() if c[0] == which]
+    a = rng.standard_normal(8).astype(np.float32)
+    for _ in range(2):
+        with pytest.raises(exc_type) as info:
+            call(a)
+        _no_keyerror_chain(info.value)
+
+
+def test_errors_do_not_chain_the_cache_miss_after_a_good_call(rng):
+    fill = make_fill()
+    x = rng.standard_normal(8).astype(np.float32)
+    a = x.copy()
+    fill(a, 0.5)  # compiled: the next call with other types misses the cache
+    np.testing.assert_allclose(a, x * 2.0 + np.float32(0.5), rtol=1e-6)
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        fill(x.astype(np.float64), 1.0)
+    _no_keyerror_chain(info.value)
+    assert info.value.__context__ is None
+
+
+def test_plain_python_function_in_kernel(rng):
+    @qd.kernel
+    def uses_plain(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = _plain_python_helper(a[i])
+
+    a = rng.standard_normal(8).astype(np.float32)
+    before = a.copy()
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        uses_plain(a)
+    msg = str(info.value)
+    assert "uses_plain" in msg and "'_plain_python_helper'" in msg
+    assert "@qd.func" in msg and "@numba.njit" in msg
+    assert "a[i] = _plain_python_helper(a[i])" in msg  # the source line
+    assert "NameError" not in msg
+    np.testing.assert_array_equal(a, before)
+
+    # decorated, the same function works
+    jitted = numba.njit(_plain_python_helper)
+
+    @qd.kernel
+    def uses_njit(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = jitted(a[i])
+
+    uses_njit(a)
+    np.testing.assert_allclose(a, before * 3.0 + 1.0, rtol=1e-6)
+
+
+def test_python_function_registered_with_numba_is_callable(rng):
+    """A plain function that Numba knows (register_jitable / overload) is not rejected."""
+    from numba.extending import register_jitable
+
+    @register_jitable
+    def cube(x):
+        return x * x * x
+
+    @qd.kernel
+    def cubes(a: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = cube(a[i])
+
+    x = rng.standard_normal(16)
+    a = x.copy()
+    cubes(a)
+    np.testing.assert_allclose(a, x ** 3, rtol=1e-12)
+
+
+def test_undefined_name():
+    @qd.kernel
+    def typo(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = undefined_scale * a[i]  # noqa: F821
+
+    a = np.ones(4, np.float32)
+    with pytest.raises(NameError) as info:  # a QuadrantsNameError is also a NameError
+        typo(a)
+    assert isinstance(info.value, qd.QuadrantsNameError)
+    msg = str(info.value)
+    assert "typo" in msg and "'undefined_scale'" in msg and "a[i] = undefined_scale * a[i]" in msg
+    _no_keyerror_chain(info.value)
+
+
+def test_undefined_name_on_the_dead_side_of_static_if(rng):
+    @qd.kernel
+    def guarded(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            if qd.static(False):
+                a[i] = not_defined_anywhere(a[i])  # noqa: F821
+            else:
+                a[i] = a[i] + 1.0
+
+    x = rng.standard_normal(8).astype(np.float32)
+    a = x.copy()
+    guarded(a)
+    np.testing.assert_allclose(a, x + 1.0, rtol=1e-6)
+
+
+def test_missing_module_attribute():
+    @qd.kernel
+    def misspelt(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = qd.sinn(a[i])
+
+    with pytest.raises(qd.QuadrantsNameError) as info:
+        misspelt(np.ones(4, np.float32))
+    msg = str(info.value)
+    assert "misspelt" in msg and "'sinn'" in msg and "qd.sinn(a[i])" in msg
+
+
+def test_zero_d_field_without_none(rng):
+    globals()["TOTAL_0D"] = total = qd.field(qd.f32, shape=())  # a global, as in user code
+    try:
+        @qd.kernel
+        def accumulate(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                TOTAL_0D += a[i]  # noqa: F821, F841
+
+        a = rng.standard_normal(32).astype(np.float32)
+        with pytest.raises(qd.QuadrantsNameError) as info:
+            accumulate(a)
+        msg = str(info.value)
+        assert "accumulate" in msg and "TOTAL_0D[None] +=" in msg and "0-d field" in msg
+        assert "TOTAL_0D += a[i]" in msg  # the source line
+        assert "failed to analyze the bytecode" not in msg
+
+        @qd.kernel
+        def accumulate_ok(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                TOTAL_0D[None] += a[i]  # noqa: F821
+
+        accumulate_ok(a)
+        np.testing.assert_allclose(total[None], a.sum(dtype=np.float64), rtol=1e-5)
+    finally:
+        del globals()["TOTAL_0D"]
+
+
+def test_zero_d_field_read_without_none(rng):
+    scale = qd.field(qd.f32, shape=())
+    scale[None] = 2.5
+
+    @qd.kernel
+    def scaled(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = scale * a[i]
+
+    a = rng.standard_normal(8).astype(np.float32)
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        scaled(a)
+    msg = str(info.value)
+    assert "scaled" in msg and "x[None]" in msg and "a[i] = scale * a[i]" in msg
+    assert "Failed in nopython mode" not in msg and "During:" not in msg
+
+
+def test_local_zero_d_field_assigned_without_none():
+    """A field of an enclosing function: the frontend cannot see it, the hint still says [None]."""
+    counter = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def count(n: qd.i32):
+        for _ in range(n):
+            counter += 1  # noqa: F823, F841
+
+    with pytest.raises(qd.QuadrantsNameError, match=r"counter\[None\] \+="):
+        count(4)
+
+
+@pytest.mark.parametrize("given", ["field", "dict", "object", "str"])
+def test_unsupported_object_for_ndarray_parameter(given, arch, rng):
+    fill = make_fill()
+    value = {"field": qd.field(qd.f32, shape=8), "dict": {"a": 1}, "object": object(), "str": "abc"}[given]
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        fill(value, 1.0)
+    msg = str(info.value)
+    assert "fill" in msg and "'a'" in msg and "numpy" in msg and "qd.ndarray" in msg
+    assert type(value).__name__ in msg or repr(value) in msg
+    if given == "field" and arch == "cpu":
+        assert "qd.template()" in msg
+
+
+def test_field_through_template_parameter(rng):
+    f = qd.field(qd.f32, shape=8)
+    x = rng.standard_normal(8).astype(np.float32)
+    f.from_numpy(x)
+
+    @qd.kernel
+    def double(t: qd.template()):
+        for i in t:
+            t[i] = t[i] * 2.0
+
+    double(f)
+    np.testing.assert_allclose(f.to_numpy(), x * 2.0, rtol=1e-6)
+
+
+def test_dtype_mismatch_says_how_to_convert():
+    fill = make_fill()
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        fill(np.zeros(4), 1.0)
+    assert ".astype(np.float32)" in str(info.value) and "float64" in str(info.value)
+    fill_int = make_fill_int()
+    with pytest.raises(qd.QuadrantsTypeError, match=r"\.astype\(np\.int32\)"):
+        fill_int(np.zeros(4, np.int64), 1)
+
+
+def test_global_list_at_constant_index_warns_once(rng):
+    weights = [0.5, 2.0, -1.0]
+
+    @qd.kernel
+    def weighted(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = a[i] * weights[1] + weights[2]
+
+    x = rng.standard_normal(8).astype(np.float32)
+    a = x.copy()
+    with pytest.warns(qd.QuadrantsWarning) as record:
+        weighted(a)
+    frozen = [w for w in record if issubclass(w.category, qd.QuadrantsWarning)]
+    assert len(frozen) == 1  # once per kernel and global, though read twice
+    msg = str(frozen[0].message)
+    assert "weighted" in msg and "'weights'" in msg and "tuple" in msg and "field" in msg
+    assert frozen[0].filename == __file__
+    np.testing.assert_allclose(a, x * 2.0 - 1.0, rtol=1e-6)
+    # the value is frozen: a later change is not seen (the documented behaviour), and no new warning
+    weights[1] = 10.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qd.QuadrantsWarning)
+        a = x.copy()
+        weighted(a)
+        np.testing.assert_allclose(a, x * 2.0 - 1.0, rtol=1e-6)
+        compiles = weighted.compile_count
+        qd.init()  # drops compiled kernels: the next call compiles again, without a second warning
+        a = x.copy()
+        weighted(a)
+        assert weighted.compile_count == compiles + 1
+        np.testing.assert_allclose(a, x * 10.0 - 1.0, rtol=1e-6)  # recompiled: sees the list as it is now
+
+
+def test_global_list_in_static_is_silent(rng):
+    import warnings
+
+    sizes = [1.0, 2.0, 3.0]
+
+    @qd.kernel
+    def total_of(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            s = 0.0
+            for v in qd.static(sizes):
+                s += v
+            a[i] = a[i] + s + qd.static(sizes[0])
+
+    x = rng.standard_normal(8).astype(np.float32)
+    a = x.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qd.QuadrantsWarning)
+        total_of(a)
+    np.testing.assert_allclose(a, x + 7.0, rtol=1e-6)
+
+
+def test_global_list_at_run_time_index(rng):
+    table = [1.0, 4.0, 9.0]
+
+    @qd.kernel
+    def lookup(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = table[i % 3]
+
+    a = np.zeros(6, np.float32)
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        lookup(a)
+    msg = str(info.value)
+    assert "lookup" in msg and "'table'" in msg and "a[i] = table[i % 3]" in msg
+    assert "tuple" in msg and "qd.static(table)" in msg and "field" in msg
+    assert "reflected list" not in msg
+    np.testing.assert_array_equal(a, 0)
+
+    as_tuple = tuple(table)
+
+    @qd.kernel
+    def lookup_tuple(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = as_tuple[i % 3]
+
+    lookup_tuple(a)
+    np.testing.assert_array_equal(a, np.array(table * 2, np.float32))
+
+
+def test_float_index(rng):
+    f = qd.field(qd.f32, shape=8)
+
+    @qd.kernel
+    def half_index(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i / 2] = 1.0
+
+    @qd.kernel
+    def half_index_field():
+        for i in range(8):
+            f[i / 2] = 1.0
+
+    for call in (lambda: half_index(np.zeros(8, np.float32)), half_index_field):
+        with pytest.raises(qd.QuadrantsTypeError) as info:
+            call()
+        msg = str(info.value)
+        assert "half_index" in msg and "indices must be integers" in msg and "[i / 2] = 1.0" in msg
+
+
+def test_numba_typing_error_is_ours_without_numba_internals():
+    f = qd.field(qd.f32, shape=8)
+
+    @qd.kernel
+    def bad_attribute():
+        for i in range(8):
+            f[i] = f.no_such_attribute
+
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        bad_attribute()
+    msg = str(info.value)
+    assert "bad_attribute" in msg and "no_such_attribute" in msg and "f[i] = f.no_such_attribute" in msg
+    for internal in ("Failed in nopython mode", "During:", "$qd_launch", "<source elided>"):
+        assert internal not in msg
+
+
+def test_vector_into_scalar_field_is_located():
+    f = qd.field(qd.f32, shape=4)
+
+    @qd.kernel
+    def too_wide():
+        for i in range(4):
+            f[i] = qd.Vector([1.0, 2.0])
+
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        too_wide()
+    msg = str(info.value)
+    assert "too_wide" in msg and "2 components" in msg and "f[i] = qd.Vector([1.0, 2.0])" in msg

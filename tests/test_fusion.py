@@ -2,8 +2,9 @@
 
 Every pattern runs three ways on random data: fused (``@qd.kernel(fuse=True)``), unfused
 (``fuse=False``) and a numpy reference; the task count shows whether fusion happened.
-The differential fuzzer at the end generates random kernels (hypothesis); set
-``QD_FUSION_FUZZ_EXAMPLES=20000`` for a long run.
+The differential fuzzer at the end generates random kernels (hypothesis): a few in the default
+run, ``QD_FUSION_FUZZ_EXAMPLES`` (150) under ``-m slow``; set ``QD_FUSION_FUZZ_EXAMPLES=20000``
+for a long run.
 """
 
 import os
@@ -701,15 +702,14 @@ def _fuzz_args(seed, n, m):
 
 
 FUZZ_EXAMPLES = int(os.environ.get("QD_FUSION_FUZZ_EXAMPLES", "150"))
-# Each example compiles one random kernel (~1 s on a CI core), then runs it on several inputs.
+FUZZ_SMOKE_EXAMPLES = 6
+# Each example compiles one random kernel (~1 s on a CI core), then runs it on several inputs. The
+# default test run has a smoke-sized fuzz of each property; the full-size one is marked slow
+# (python -m pytest -m slow), with QD_FUSION_FUZZ_EXAMPLES examples.
+FUZZ_SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck))
 
 
-@pytest.mark.no_cuda_compile_check  # hundreds of random kernels: their CUDA path is covered elsewhere
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1), m_equal=st.booleans())
-def test_fuzz_fused_equals_sequential_reference(body, seed, m_equal):
-    """The fused kernel leaves exactly what the kernel run as plain sequential Python does:
-    loop after loop, iteration after iteration — the semantics fusion must preserve."""
+def _check_fused_equals_sequential_reference(body, seed, m_equal):
     fused, python = _build(body, True)
     for n in (16, 1 + seed % 15, 0):
         m = n if m_equal else (n + 3) % 17
@@ -722,10 +722,7 @@ def test_fuzz_fused_equals_sequential_reference(body, seed, m_equal):
             np.testing.assert_array_equal(g, r, err_msg=body)
 
 
-@pytest.mark.no_cuda_compile_check
-@settings(max_examples=max(FUZZ_EXAMPLES // 5, 5), deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1))
-def test_fuzz_fused_equals_unfused_bit_for_bit(body, seed):
+def _check_fused_equals_unfused_bit_for_bit(body, seed):
     fused, _ = _build(body, True)
     unfused, _ = _build(body, False)
     for n in (16, 1 + seed % 15):
@@ -737,3 +734,35 @@ def test_fuzz_fused_equals_unfused_bit_for_bit(body, seed):
         assert len(fused.tasks(*got, n, m)) <= len(unfused.tasks(*ref, n, m))
         for g, r in zip(got, ref):
             np.testing.assert_array_equal(g, r, err_msg=body)
+
+
+@pytest.mark.slow
+@pytest.mark.no_cuda_compile_check  # hundreds of random kernels: their CUDA path is covered elsewhere
+@settings(max_examples=FUZZ_EXAMPLES, **FUZZ_SETTINGS)
+@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1), m_equal=st.booleans())
+def test_fuzz_fused_equals_sequential_reference(body, seed, m_equal):
+    """The fused kernel leaves exactly what the kernel run as plain sequential Python does:
+    loop after loop, iteration after iteration — the semantics fusion must preserve."""
+    _check_fused_equals_sequential_reference(body, seed, m_equal)
+
+
+@pytest.mark.no_cuda_compile_check
+@settings(max_examples=FUZZ_SMOKE_EXAMPLES, **FUZZ_SETTINGS)
+@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1), m_equal=st.booleans())
+def test_fuzz_fused_equals_sequential_reference_smoke(body, seed, m_equal):
+    _check_fused_equals_sequential_reference(body, seed, m_equal)
+
+
+@pytest.mark.slow
+@pytest.mark.no_cuda_compile_check
+@settings(max_examples=max(FUZZ_EXAMPLES // 5, 5), **FUZZ_SETTINGS)
+@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_fused_equals_unfused_bit_for_bit(body, seed):
+    _check_fused_equals_unfused_bit_for_bit(body, seed)
+
+
+@pytest.mark.no_cuda_compile_check
+@settings(max_examples=max(FUZZ_SMOKE_EXAMPLES // 2, 2), **FUZZ_SETTINGS)
+@given(body=fuzz_kernels(), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_fused_equals_unfused_bit_for_bit_smoke(body, seed):
+    _check_fused_equals_unfused_bit_for_bit(body, seed)

@@ -22,6 +22,7 @@ import operator
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ..errors import QuadrantsTypeError, typing_error
 from .field import _index_arity, _index_values, bounds_check
 
 
@@ -55,7 +56,16 @@ def _fallback(typingctx, fn, argtys):
     return sig.return_type(*argtys), codegen
 
 
+def _reject_float_index(arr, idx, what) -> None:
+    """``a[i / 2]``: our error, instead of Numba's report on every ``getitem`` overload."""
+    if isinstance(arr, types.Array) and any(isinstance(t, types.Float) for t in
+                                            (idx if isinstance(idx, types.BaseTuple) else (idx,))):
+        raise typing_error(QuadrantsTypeError(
+            f"cannot {what} {arr} with {idx}: indices must be integers (i / 2 is a float; i // 2 is not)"))
+
+
 def _load(typingctx, arr, idx, checked):
+    _reject_float_index(arr, idx, "read")
     if not _is_element_access(arr, idx):
         return _fallback(typingctx, operator.getitem, (arr, idx))
 
@@ -67,6 +77,7 @@ def _load(typingctx, arr, idx, checked):
 
 
 def _store(typingctx, arr, idx, value, checked):
+    _reject_float_index(arr, idx, "write")
     if not _is_element_access(arr, idx) or not arr.mutable or not typingctx.can_convert(value, arr.dtype):
         return _fallback(typingctx, operator.setitem, (arr, idx, value))
 

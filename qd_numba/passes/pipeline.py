@@ -22,7 +22,7 @@ from .fuse_tasks import FuseAdjacentTasks
 from .inline_funcs import InlineFuncs
 from .offload import Offload
 from .plan_tasks import PlanTasks
-from .resolve_globals import ResolveGlobals
+from .resolve_globals import CheckGlobals, ResolveGlobals
 from .rewrite_subscripts import RewriteSubscripts
 from .verify import verify_final, verify_ir
 
@@ -43,7 +43,8 @@ class Stage:
 UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
     Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, FoldStatic, RemoveDeadPure), fixed_point=True),
-    Stage("rewrites", (RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
+    Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
+                       RemoveDeadPure)),
     Stage("tasks", (Offload, FuseAdjacentTasks, PlanTasks)),
 )
 

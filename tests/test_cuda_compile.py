@@ -8,7 +8,10 @@ comparing with numpy on random data (run with ``-m cuda`` on a GPU machine).
 
 from __future__ import annotations
 
+import ctypes
+import importlib
 import operator
+import struct
 import threading
 
 import numpy as np
@@ -24,6 +27,10 @@ if not cc.numba_cuda_importable():  # pragma: no cover - CI without the cuda ext
 
 import numba  # noqa: E402
 from numba import cuda  # noqa: E402
+
+from qd_numba.passes.base import IRTools  # noqa: E402
+
+CUDA_IR = IRTools.for_cuda()
 
 CC = (9, 0)
 
@@ -278,18 +285,36 @@ def _k_rtctx(ctx, n):
 
 
 def _compile_py(fn, argtypes, **kw):
-    return cc.compile_task_to_cubin(cc.cuda_ir_modules().run_frontend(fn), argtypes, **kw)
+    return cc.compile_task_to_cubin(CUDA_IR.run_frontend(fn), argtypes, **kw)
+
+
+# Empty task functions: their IR binds the arguments and returns None (what an offload pass starts from)
+
+
+def _axpy_task(x, y, n):
+    return None
+
+
+def _task_one(a):
+    return None
+
+
+def _task_two(a, b):
+    return None
+
+
+def _task_five(p, a, q, b, r):
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
-# A hand-built IR kernel: the skeleton `task(x, y, n)` plus statements an offload pass would add:
+# A hand-built IR kernel: the empty `_axpy_task(x, y, n)` plus statements an offload pass would add:
 #     i = cuda.grid(1); if i < n: x[i] = x[i] * 3.0 + y[i]
 
 
 def _build_axpy3_ir(scale=3.0):
-    m = cc.cuda_ir_modules()
-    ir = m.ir
-    fir = cc.make_task_ir(["x", "y", "n"], name="axpy_task")
+    ir = CUDA_IR.ir
+    fir = CUDA_IR.run_frontend(_axpy_task)
     entry_label = min(fir.blocks)
     entry = fir.blocks[entry_label]
     scope, loc = entry.scope, entry.loc
@@ -330,12 +355,30 @@ def _build_axpy3_ir(scale=3.0):
 _AXPY3_TYPES = (types.float64[::1], types.float64[::1], types.int64)
 
 
+def _cubin_global_functions(cubin):
+    """Names of the global function symbols (STB_GLOBAL, STT_FUNC) of an ELF64 little-endian cubin,
+    read independently of the adapter's ELF reader."""
+    assert cubin[:4] == b"\x7fELF" and cubin[4:6] == b"\x02\x01", "not an ELF64 little-endian image"
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    # (sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, sh_info)
+    sections = [struct.unpack_from("<IIQQQQII", cubin, shoff + k * shentsize) for k in range(shnum)]
+    names = set()
+    for _name, sh_type, _flags, _addr, offset, size, link, _info in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for k in range(size // 24):
+            st_name, st_info = struct.unpack_from("<IB", cubin, offset + 24 * k)
+            if st_info == 0x12:  # STB_GLOBAL << 4 | STT_FUNC
+                end = cubin.index(b"\0", strtab + st_name)
+                names.add(cubin[strtab + st_name : end].decode("ascii"))
+    return names
+
+
 def _assert_cubin(task):
     assert task.cubin[:4] == b"\x7fELF"
-    syms = cc.cubin_symbols(task.cubin)
-    assert task.entry_name in syms, "entry symbol missing from the cubin"
-    info = syms[task.entry_name]
-    assert info & 0xF == 2 and info >> 4 == 1, "entry is not a global function symbol"
+    assert task.entry_name in _cubin_global_functions(task.cubin), "no global function symbol for the entry"
     assert f".entry {task.entry_name}" in task.ptx
 
 
@@ -350,39 +393,24 @@ def _assert_layout_matches_cubin(task):
 # GPU-less tests
 
 
-def test_ir_modules_are_numba_cuda_twins():
+def test_ir_tools_are_numba_cuda_twins():
+    import numba.core.bytecode as core_bytecode
     import numba.core.ir as core_ir
 
-    m = cc.cuda_ir_modules()
+    m = IRTools.for_cuda()
+    assert m.flavour == "numba.cuda.core"
     assert m.ir.__name__ == "numba.cuda.core.ir"
     assert m.ir is not core_ir and m.ir.FunctionIR is not core_ir.FunctionIR
     assert m.ir_utils.__name__ == "numba.cuda.core.ir_utils"
     assert m.analysis.__name__ == "numba.cuda.core.analysis"
-    assert m.bytecode.__name__ == "numba.cuda.core.bytecode"
-    assert isinstance(m.run_frontend(_k_njit), m.ir.FunctionIR)
-
-
-def test_make_task_ir_skeleton():
-    m = cc.cuda_ir_modules()
-    fir = cc.make_task_ir(["a", "b", "c"], name="my_task")
-    assert isinstance(fir, m.ir.FunctionIR)
-    assert fir.arg_names == ("a", "b", "c") or list(fir.arg_names) == ["a", "b", "c"]
-    assert fir.arg_count == 3
-    assert fir.func_id.func_qualname == "my_task"
-    assert fir.func_id.modname == cc.__name__  # importable module, not "<dynamic>"
-    args = [
-        st.value.name
-        for b in fir.blocks.values()
-        for st in b.body
-        if isinstance(getattr(st, "value", None), m.ir.Arg)
-    ]
-    assert args == ["a", "b", "c"]
-    with pytest.raises(ValueError):
-        cc.make_task_ir(["a", "a"])
-    with pytest.raises(ValueError):
-        cc.make_task_ir(["1x"])
-    with pytest.raises(ValueError):
-        cc.make_task_ir(["lambda"])
+    assert m.inline.__name__ == "numba.cuda.core.inline_closurecall"
+    # derive_ir finds the FunctionIdentity of generated tasks in the flavour's bytecode module
+    bytecode = importlib.import_module(m.flavour + ".bytecode")
+    assert bytecode.FunctionIdentity is not core_bytecode.FunctionIdentity
+    fir = m.run_frontend(_task_five)
+    assert isinstance(fir, m.ir.FunctionIR) and fir.arg_count == 5
+    args = [st.value.name for b in fir.blocks.values() for st in b.body if isinstance(st.value, m.ir.Arg)]
+    assert args == ["p", "a", "q", "b", "r"]
 
 
 def test_mutated_ir_kernel_compiles_to_cubin():
@@ -392,6 +420,7 @@ def test_mutated_ir_kernel_compiles_to_cubin():
     # the constant inserted by the "pass" reached the machine code: x*3.0 + y as an FMA
     assert "0d4008000000000000" in task.ptx and "fma.rn.f64" in task.ptx
     assert len(task.param_layout) == 7 + 7 + 1
+    assert task.param_buffer_size == 15 * 8
     assert [s.path for s in task.param_layout[:7]] == [
         ("meminfo",),
         ("parent",),
@@ -429,7 +458,7 @@ def test_mutated_ir_kernel_compiles_to_cubin():
 def test_param_layout_matches_cubin(ty, nslots):
     # a mixed signature checks offsets/alignment against what ptxas recorded in .nv.info
     argtypes = (types.int8, ty, types.float32, ty, types.int64)
-    fir = cc.make_task_ir(["p", "a", "q", "b", "r"])
+    fir = CUDA_IR.run_frontend(_task_five)
     task = cc.compile_task_to_cubin(fir, argtypes, cc=CC)
     _assert_cubin(task)
     per_arg = [sum(1 for s in task.param_layout if s.arg_index == k) for k in range(5)]
@@ -438,7 +467,7 @@ def test_param_layout_matches_cubin(ty, nslots):
 
 
 def test_handle_struct_layout_names():
-    task = cc.compile_task_to_cubin(cc.make_task_ir(["h"]), (_HandleType(types.float64),), cc=CC)
+    task = cc.compile_task_to_cubin(CUDA_IR.run_frontend(_task_one), (_HandleType(types.float64),), cc=CC)
     assert [(s.path, s.kind, s.size) for s in task.param_layout] == [
         (("data",), "ptr", 8),
         (("n",), "int", 8),
@@ -574,7 +603,7 @@ def test_runtime_context_field_pointer():
 
 
 def test_compile_options_reach_the_code():
-    fir = lambda: cc.cuda_ir_modules().run_frontend(_k_njit)  # noqa: E731
+    fir = lambda: CUDA_IR.run_frontend(_k_njit)  # noqa: E731
     sig = (types.float64[::1],) * 3 + (types.float64,)
     lb = cc.compile_task_to_cubin(fir(), sig, cc=CC, launch_bounds=128)
     assert ".maxntid 128" in lb.ptx
@@ -591,11 +620,11 @@ def test_bad_inputs_raise():
     import numba.core.compiler as core_compiler
 
     with pytest.raises(TypeError, match="arguments"):
-        cc.compile_task_to_cubin(cc.make_task_ir(["a", "b"]), (types.int64,), cc=CC)
+        cc.compile_task_to_cubin(CUDA_IR.run_frontend(_task_two), (types.int64,), cc=CC)
     with pytest.raises(TypeError, match="FunctionIR"):
         cc.compile_task_to_cubin(core_compiler.run_frontend(_k_njit), (types.float64,) * 4, cc=CC)
     with pytest.raises(TypeError, match="Numba types"):
-        cc.compile_task_to_cubin(cc.make_task_ir(["a"]), (np.float64,), cc=CC)
+        cc.compile_task_to_cubin(CUDA_IR.run_frontend(_task_one), (np.float64,), cc=CC)
 
 
 def test_concurrent_compiles():
@@ -618,19 +647,6 @@ def test_concurrent_compiles():
         t.join()
     assert not errors, errors
     assert len(results) == 6 and all(r.cubin[:4] == b"\x7fELF" for r in results.values())
-
-
-def test_pack_params_and_array_values():
-    import ctypes
-
-    task = cc.compile_task_to_cubin(_build_axpy3_ir(), _AXPY3_TYPES, cc=CC)
-    x = np.arange(6.0)
-    vals = cc.array_param_values(0x1000, x.shape, x.strides, x.itemsize) * 2 + [6]
-    keep, addr = cc.pack_params(task.param_layout, vals)
-    argv = (ctypes.c_void_p * len(vals)).from_address(addr)
-    got = [ctypes.c_int64.from_address(argv[k]).value for k in range(len(vals))]
-    assert got == vals
-    assert task.param_buffer_size == 15 * 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,6 +673,17 @@ def _param_info(kernel):
         (int(p.offset), int(p.size)) if hasattr(p, "offset") else (int(p[0]), int(p[1]))
         for p in kernel.arguments_info
     ]
+
+
+def _pack_cells(layout, values):
+    """One ctypes cell per ``.param`` slot of the production layout (typed by the slot's ``fmt``,
+    with LaunchPlan's table) and the ``void*[]`` of their addresses that ``cuLaunchKernel`` takes."""
+    from qd_numba.targets.cuda import _CTYPES
+
+    assert len(values) == len(layout), f"{len(layout)} kernel params, {len(values)} values"
+    cells = [_CTYPES[slot.fmt](value) for slot, value in zip(layout, values, strict=True)]
+    argv = (ctypes.c_void_p * max(1, len(cells)))(*map(ctypes.addressof, cells))
+    return cells, argv
 
 
 class _Gpu:
@@ -692,11 +719,11 @@ class _Gpu:
             self.cu.cuFuncGetAttribute(self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
         )
         assert task.nregs == nregs
-        keep, argv = cc.pack_params(task.param_layout, values)
+        cells, argv = _pack_cells(task.param_layout, values)
         grid = max(1, (nthreads + block - 1) // block)
-        _check(self.cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, self.cu.CUstream(0), argv, 0))
+        _check(self.cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, self.cu.CUstream(0), ctypes.addressof(argv), 0))
         _check(self.cu.cuCtxSynchronize())
-        del keep
+        del cells, argv  # referenced until the launch returned
 
     def close(self):
         for p in self.allocs:
@@ -713,7 +740,9 @@ def gpu():
 
 
 def _arr(gpu, a):
-    return cc.array_param_values(gpu.to_device(a), a.shape, a.strides, a.itemsize)
+    """The 5+2N slot values of an array argument copied to the device: meminfo, parent, nitems,
+    itemsize, data, shape, strides (bytes), as LaunchPlan writes them."""
+    return [0, 0, a.size, a.itemsize, gpu.to_device(a), *a.shape, *a.strides]
 
 
 @pytest.mark.cuda

@@ -1,11 +1,11 @@
 """The numba-cuda adapter: every private numba-cuda touch point of qd_numba lives here.
 
 numba-cuda 0.30 vendors its own copy of Numba's core (``numba.cuda.core``: IR classes, pass
-manager, type inference).  qd_numba's IR passes are written against an IR module that the target
-hands in; :func:`cuda_ir_modules` is that module set for CUDA.  :func:`compile_task_to_cubin`
-turns a (rewritten) numba-cuda ``FunctionIR`` plus Numba argument types into a cubin through
-NVVM and nvJitLink, with no driver and no GPU needed, and reports how the Numba arguments
-flatten into the kernel's ``.param`` list so that a launcher can pre-pack them.
+manager, type inference); ``qd_numba.passes.base.IRTools.for_cuda()`` is that module set for
+qd_numba's IR passes.  :func:`compile_task_to_cubin` turns a (rewritten) numba-cuda
+``FunctionIR`` plus Numba argument types into a cubin through NVVM and nvJitLink, with no driver
+and no GPU needed, and reports how the Numba arguments flatten into the kernel's ``.param`` list
+so that a launcher (``targets/cuda.py``'s ``LaunchPlan``) can pre-pack them.
 
 Pinned stack: ``numba-cuda==0.30.4`` (cu13 wheels) on ``numba 0.68``; the private names used are
 listed in ``docs/cuda_internals.md``.  numba-cuda is imported lazily: importing this module never
@@ -23,35 +23,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import keyword
 import os
 import re
 import struct
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 __all__ = [
     "CompiledCudaTask",
-    "CudaIRModules",
     "ParamSlot",
-    "array_param_values",
     "compile_task_to_cubin",
     "cuda_atomic_rmw",
     "cuda_available",
-    "cuda_ir_modules",
-    "cubin_symbols",
     "install_cuda_ufunc_math_fallbacks",
     "is_cuda_context",
-    "make_task_function",
-    "make_task_ir",
     "numba_cuda_importable",
-    "pack_params",
 ]
 
 
@@ -84,96 +74,6 @@ def cuda_available() -> bool:
         return len(cuda.gpus) > 0
     except BaseException:  # CudaSupportError, ImportError, OSError from dlopen, ...
         return False
-
-
-# ---------------------------------------------------------------------------------------------
-# IR modules
-
-
-@dataclass(frozen=True)
-class CudaIRModules:
-    """numba-cuda's twins of ``numba.core.{ir, ir_utils, analysis, bytecode}`` and ``run_frontend``.
-
-    A pass written as ``def my_pass(func_ir, m)`` that only uses ``m.ir.Assign``, ``m.ir_utils...``
-    runs on either IR flavour; the CPU target hands in the ``numba.core`` set.
-    """
-
-    ir: ModuleType
-    ir_utils: ModuleType
-    analysis: ModuleType
-    bytecode: ModuleType
-    run_frontend: Callable[..., Any]
-    name: str = "numba.cuda.core"
-
-
-@functools.cache
-def cuda_ir_modules() -> CudaIRModules:
-    """The IR module set of numba-cuda (``numba.cuda.core.*``)."""
-    from numba.cuda import compiler as cuda_compiler
-    from numba.cuda.core import analysis, bytecode, ir, ir_utils
-
-    return CudaIRModules(
-        ir=ir,
-        ir_utils=ir_utils,
-        analysis=analysis,
-        bytecode=bytecode,
-        run_frontend=cuda_compiler.run_frontend,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Skeleton task functions
-
-
-_DEFAULT_TASK_MODULE = __name__
-_skeleton_counter = iter(range(1, sys.maxsize))
-_skeleton_lock = threading.Lock()
-
-
-def make_task_function(
-    arg_names: Sequence[str],
-    *,
-    name: str = "task",
-    module_name: str = _DEFAULT_TASK_MODULE,
-    namespace: dict[str, Any] | None = None,
-) -> Callable[..., None]:
-    """Create ``def <name>(<arg_names>): pass`` by ``exec`` in a namespace whose ``__name__`` is
-    ``module_name`` (an importable module, so Numba's FunctionIdentity, mangling and pickling see
-    a real module).  ``namespace`` (copied) supplies extra globals for the function."""
-    names = list(arg_names)
-    for n in names:
-        if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n):
-            raise ValueError(f"not a valid argument name: {n!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate argument names: {names}")
-    if not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(f"not a valid function name: {name!r}")
-    ns: dict[str, Any] = dict(namespace or {})
-    ns["__name__"] = module_name
-    with _skeleton_lock:
-        serial = next(_skeleton_counter)
-    src = f"def {name}({', '.join(names)}):\n    pass\n"
-    code = compile(src, f"<qd_numba task skeleton {name}#{serial}>", "exec")
-    exec(code, ns)
-    return ns[name]
-
-
-def make_task_ir(
-    arg_names: Sequence[str],
-    *,
-    name: str = "task",
-    module_name: str = _DEFAULT_TASK_MODULE,
-    namespace: dict[str, Any] | None = None,
-    modules: CudaIRModules | None = None,
-) -> Any:
-    """FunctionIR of a skeleton task ``def <name>(<arg_names>): pass`` (numba-cuda IR by default).
-
-    The entry block binds every argument (``ir.Arg``) then returns ``None``; an offload pass inserts
-    its statements before the return.  Pass ``modules`` to build the IR with another IR flavour
-    (any object with a ``run_frontend``)."""
-    fn = make_task_function(arg_names, name=name, module_name=module_name, namespace=namespace)
-    m = modules if modules is not None else cuda_ir_modules()
-    return m.run_frontend(fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,40 +185,6 @@ def _param_layout(target_context: Any, argtypes: Sequence[Any], arg_names: Seque
     return slots
 
 
-def array_param_values(
-    data_ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int
-) -> list[int]:
-    """The 5+2N values of a Numba array argument, in slot order:
-    ``meminfo(0), parent(0), nitems, itemsize, data, *shape, *strides`` (strides in bytes)."""
-    nitems = 1
-    for s in shape:
-        nitems *= int(s)
-    return [0, 0, nitems, int(itemsize), int(data_ptr), *map(int, shape), *map(int, strides)]
-
-
-def pack_params(layout: Sequence[ParamSlot], values: Sequence[Any]) -> tuple[Any, int]:
-    """Pack one value per slot into ctypes cells plus a ``void*[]`` for ``cuLaunchKernel``.
-
-    Returns ``(keepalive, argv_address)``; keep ``keepalive`` referenced until the launch returns
-    (the driver copies parameter values at launch, so cells may be updated in place afterwards)."""
-    import ctypes
-
-    if len(values) != len(layout):
-        raise ValueError(f"{len(layout)} kernel params, {len(values)} values")
-    ctype_of = {
-        "b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ctypes.c_uint16,
-        "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": ctypes.c_uint64,
-        "f": ctypes.c_float, "d": ctypes.c_double, "e": ctypes.c_uint16,
-    }  # fmt: skip
-    cells = []
-    for slot, v in zip(layout, values, strict=True):
-        if slot.fmt == "e":
-            v = struct.unpack("<H", struct.pack("<e", v))[0]
-        cells.append(ctype_of[slot.fmt](v))
-    argv = (ctypes.c_void_p * max(1, len(cells)))(*[ctypes.addressof(c) for c in cells])
-    return (cells, argv), ctypes.addressof(argv)
-
-
 # ---------------------------------------------------------------------------------------------
 # cubin inspection (a minimal ELF64 reader)
 
@@ -345,25 +211,19 @@ def _elf_sections(blob: bytes) -> list[tuple[str, int, int, int, int, int]]:
     return [(cstr(strtab_off, r[0]), *r[1:]) for r in raw]
 
 
-def _elf_symtab(cubin: bytes) -> list[tuple[str, int]]:
-    """(name, st_info) of each ``.symtab`` entry of a cubin, indexed by symbol index."""
+def _elf_symbol_names(cubin: bytes) -> list[str]:
+    """The name of each ``.symtab`` entry of a cubin, indexed by symbol index."""
     secs = _elf_sections(cubin)
-    out: list[tuple[str, int]] = []
+    out: list[str] = []
     for _name, typ, off, size, link, _info in secs:
         if typ != 2:  # SHT_SYMTAB
             continue
         stroff = secs[link][2]
         for k in range(size // 24):
-            st_name, st_info = struct.unpack_from("<IB", cubin, off + 24 * k)
+            st_name = struct.unpack_from("<I", cubin, off + 24 * k)[0]
             end = cubin.index(b"\0", stroff + st_name)
-            out.append((cubin[stroff + st_name : end].decode("ascii", "replace"), st_info))
+            out.append(cubin[stroff + st_name : end].decode("ascii", "replace"))
     return out
-
-
-def cubin_symbols(cubin: bytes) -> dict[str, int]:
-    """Names of the symbols of a cubin's ``.symtab``, mapped to their ``st_info`` byte
-    (``st_info & 0xF == 2`` is STT_FUNC, ``st_info >> 4 == 1`` is STB_GLOBAL)."""
-    return {name: info for name, info in _elf_symtab(cubin) if name}
 
 
 def _nv_info_records(cubin: bytes, section: str) -> Iterator[tuple[int, int, bytes]]:
@@ -388,7 +248,7 @@ def _cubin_nregs(cubin: bytes, entry: str) -> int | None:
     """Registers per thread of ``entry``: the EIATTR_REGCOUNT (0x2f) record of ``.nv.info``,
     keyed by the entry's symbol index (what cuobjdump reports as REG)."""
     try:
-        names = [n for n, _ in _elf_symtab(cubin)]
+        names = _elf_symbol_names(cubin)
         if entry not in names:
             return None
         sym = names.index(entry)
@@ -668,8 +528,8 @@ def compile_task_to_cubin(
 ) -> CompiledCudaTask:
     """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU.
 
-    ``func_ir`` must come from numba-cuda's frontend (``cuda_ir_modules().run_frontend`` or
-    :func:`make_task_ir`), possibly rewritten; it is consumed (Numba's passes mutate it; pass
+    ``func_ir`` must be numba-cuda IR (``IRTools.for_cuda().run_frontend``, or derived from it as
+    ``cuda_tasks`` does), possibly rewritten; it is consumed (Numba's passes mutate it; pass
     ``func_ir.copy()`` to keep the original).  ``argtypes`` are Numba types, one per IR argument.
     The kernel returns nothing.  ``launch_bounds`` is numba-cuda's ``(max_threads[, min_blocks
     [, max_cluster]])``.  ``exceptions`` (implied by ``debug``): the kernel records the first
@@ -680,6 +540,7 @@ def compile_task_to_cubin(
     from numba.core import types as core_types
     from numba.cuda import compiler as cc_mod
     from numba.cuda import utils as cuda_utils
+    from numba.cuda.core import ir as cuda_ir
     from numba.cuda.core.callconv import CUDACallConv
     from numba.cuda.core.compiler_lock import global_compiler_lock
     from numba.cuda.core.errors import NumbaDebugInfoWarning
@@ -693,8 +554,7 @@ def compile_task_to_cubin(
     for t in argtypes:
         if not isinstance(t, core_types.Type):
             raise TypeError(f"argtypes must be Numba types, got {t!r}")
-    ir_mod = cuda_ir_modules().ir
-    if not isinstance(func_ir, ir_mod.FunctionIR):
+    if not isinstance(func_ir, cuda_ir.FunctionIR):
         raise TypeError(
             f"func_ir must be a numba.cuda.core.ir.FunctionIR (numba-cuda's frontend), got {type(func_ir)!r}"
         )

@@ -20,6 +20,7 @@ from llvmlite import ir as llir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, overload, register_model
 
+from qd_numba.lowering import device
 from qd_numba.targets import cuda_compile as cc
 
 if not cc.numba_cuda_importable():  # pragma: no cover - CI without the cuda extra
@@ -135,13 +136,13 @@ def _make_atomic_intrinsic(op):
         dtype = arr.dtype
 
         def codegen(context, builder, sig, args):
-            assert cc.is_cuda_context(context)
+            assert device.is_cuda_context(context)
             aryty = sig.args[0]
             ary = context.make_array(aryty)(context, builder, args[0])
             i = context.cast(builder, args[1], sig.args[1], types.intp)
             ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [i], wraparound=False)
             signed = not (isinstance(dtype, types.Integer) and not dtype.signed)
-            return cc.cuda_atomic_rmw(builder, op, ptr, args[2], signed=signed)
+            return device.cuda_atomic_rmw(builder, op, ptr, args[2], signed=signed)
 
         return dtype(arr, idx, dtype), codegen
 
@@ -200,7 +201,7 @@ def _ptr_atomic_add(typingctx, ptr, idx, val):
 
     def codegen(context, builder, sig, args):
         i = context.cast(builder, args[1], sig.args[1], types.intp)
-        return cc.cuda_atomic_rmw(builder, "add", builder.gep(args[0], [i]), args[2])
+        return device.cuda_atomic_rmw(builder, "add", builder.gep(args[0], [i]), args[2])
 
     return dtype(ptr, idx, dtype), codegen
 

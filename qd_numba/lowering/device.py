@@ -198,3 +198,72 @@ def cuda_rng_u32(typingctx):
         builder.store(x, ptr)
         return x
     return types.uint32(), codegen
+
+
+# -- atomics ------------------------------------------------------------------------------------------
+
+def is_cuda_context(context) -> bool:
+    """True when ``context`` (an intrinsic's target context) is numba-cuda's, so one intrinsic
+    registered with plain ``numba.extending`` can emit CUDA-specific code."""
+    mod = type(context).__module__
+    return mod.startswith("numba.cuda.") or mod.startswith("numba_cuda.")
+
+
+_ATOMIC_OPS = ("add", "sub", "max", "min")
+
+
+def cuda_atomic_rmw(builder, op: str, ptr, val, *, signed: bool = True):
+    """Emit an atomic read-modify-write that libNVVM accepts; returns the old value.
+
+    libNVVM (IR 2.0, an LLVM 7 era parser) rejects ``atomicrmw fadd``/``fmax`` and float
+    ``xchg``; integers use ``atomicrmw`` (relaxed, ``monotonic``), floats use the
+    ``llvm.nvvm.atomic.load.add.f32/f64`` intrinsics (sub = add of the negation) and numba-cuda's
+    ``___numba_atomic_{float,double}_{max,min}`` helpers (defined by numba-cuda's NVVM step, so
+    they only link inside numba-cuda-lowered modules).  ``ptr`` is a generic-address-space
+    pointer to the element; ``op`` is one of add, sub, max, min."""
+    from llvmlite import ir as llir
+    from numba.cuda import nvvmutils
+
+    if op not in _ATOMIC_OPS:
+        raise ValueError(f"unsupported atomic op {op!r}; expected one of {_ATOMIC_OPS}")
+    ty = val.type
+    if isinstance(ty, llir.IntType):
+        llop = {
+            "add": "add",
+            "sub": "sub",
+            "max": "max" if signed else "umax",
+            "min": "min" if signed else "umin",
+        }
+        return builder.atomic_rmw(llop[op], ptr, val, "monotonic")
+    if isinstance(ty, (llir.FloatType, llir.DoubleType)):
+        f32 = isinstance(ty, llir.FloatType)
+        mod = builder.module
+        if op in ("add", "sub"):
+            if op == "sub":  # fsub -0.0, x: libNVVM's parser predates the fneg instruction
+                val = builder.fsub(llir.Constant(ty, -0.0), val)
+            fn = nvvmutils.declare_atomic_add_float32(mod) if f32 else _declare_atomic_add_f64(mod)
+        elif op == "max":
+            fn = (
+                nvvmutils.declare_atomic_max_float32(mod)
+                if f32
+                else nvvmutils.declare_atomic_max_float64(mod)
+            )
+        else:
+            fn = (
+                nvvmutils.declare_atomic_min_float32(mod)
+                if f32
+                else nvvmutils.declare_atomic_min_float64(mod)
+            )
+        return builder.call(fn, (ptr, val))
+    raise TypeError(f"atomic {op} on LLVM type {ty} is not supported")
+
+
+def _declare_atomic_add_f64(mod):
+    # nvvmutils.declare_atomic_add_float64 reads the cc from numba-cuda's config stack (which is
+    # only set while numba-cuda lowers); every cc we target (>= 7.0) has the native instruction.
+    from llvmlite import ir as llir
+    from numba.cuda import cgutils as cuda_cgutils
+
+    dbl = llir.DoubleType()
+    fnty = llir.FunctionType(dbl, (dbl.as_pointer(), dbl))
+    return cuda_cgutils.get_or_insert_function(mod, fnty, "llvm.nvvm.atomic.load.add.f64.p0f64")

@@ -199,7 +199,7 @@ def element_atomic(typingctx, f, idx, value, op):
     resty = _layout(f)[0] if component else _value_type(f)
 
     def codegen(context, builder, sig, args):
-        from ..targets.cuda_compile import cuda_atomic_rmw, is_cuda_context
+        from .device import cuda_atomic_rmw, is_cuda_context
 
         fty, idxty, valty, _ = sig.args
         ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])

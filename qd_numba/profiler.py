@@ -255,7 +255,7 @@ def _profiler_on() -> bool:
 
 def timed_cpu_entry(kernel: str, entry, clocks):
     """``entry`` (a compiled kernel's native entry point) timed per call; ``clocks`` are
-    ``(task name, int64[3] counter)`` of the range-for launch sites (targets/cpu.py)."""
+    ``(task name, counter)`` of the range-for launch sites (targets/cpu.py)."""
     record = kernel_profiler.record_cpu_call
     clock = now_ns
 
@@ -270,9 +270,12 @@ def timed_cpu_entry(kernel: str, entry, clocks):
     return entry_timed
 
 
+TASK_COUNTER_WORDS = 3   # a CPU launch site's counter: launches, nanoseconds, start of the first launch
+
+
 def counter_at(address: int) -> np.ndarray:
-    """The int64[3] task counter at this address (a global of a compiled kernel's library)."""
-    return np.frombuffer((ctypes.c_int64 * 3).from_address(address), np.int64)
+    """The task counter at this address (a global of a compiled kernel's library)."""
+    return np.frombuffer((ctypes.c_int64 * TASK_COUNTER_WORDS).from_address(address), np.int64)
 
 
 # -- CUDA: events around every task -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import copy_ir, derive_ir, exec_stub
+from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
 _threads_ready = False
 _lock = threading.RLock()
@@ -171,13 +172,10 @@ def launch_range(typingctx, task_fn, total, args, serial):
 
 _I64 = llir.IntType(64)
 _TIMESPEC = llir.LiteralStructType([_I64, _I64])   # struct timespec on 64-bit Unix
-CLOCK_WORDS = 3   # a launch site's counter: launches, nanoseconds, start of the first launch
 
 
 def _read_clock(builder):
     """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (the clock profiler.now_ns reads)."""
-    from ..profiler import CLOCK_MONOTONIC
-
     i32 = llir.IntType(32)
     clock_gettime = cgutils.get_or_insert_function(
         builder.module, llir.FunctionType(i32, [i32, _TIMESPEC.as_pointer()]), "clock_gettime")
@@ -189,15 +187,16 @@ def _read_clock(builder):
 
 
 def _add_to_clock(builder, symbol, started, ended):
-    """Count one launch of ``[started, ended)`` in the launch site's counter ``symbol``."""
+    """Count one launch of ``[started, ended)`` in the launch site's counter ``symbol``:
+    launches, nanoseconds, start of the first launch (profiler.TASK_COUNTER_WORDS)."""
     i32 = llir.IntType(32)
     module = builder.module
     counter = module.globals.get(symbol)
     if counter is None:  # common: one counter however many modules of the library declare it
-        counter = llir.GlobalVariable(module, llir.ArrayType(_I64, CLOCK_WORDS), name=symbol)
+        counter = llir.GlobalVariable(module, llir.ArrayType(_I64, TASK_COUNTER_WORDS), name=symbol)
         counter.linkage = "common"
-        counter.initializer = llir.ArrayType(_I64, CLOCK_WORDS)(None)
-    launches, total, first = (builder.gep(counter, [i32(0), i32(k)]) for k in range(CLOCK_WORDS))
+        counter.initializer = llir.ArrayType(_I64, TASK_COUNTER_WORDS)(None)
+    launches, total, first = (builder.gep(counter, [i32(0), i32(k)]) for k in range(TASK_COUNTER_WORDS))
     count = builder.load(launches)
     builder.store(builder.add(count, _I64(1)), launches)
     builder.store(builder.add(builder.load(total), builder.sub(ended, started)), total)
@@ -206,8 +205,6 @@ def _add_to_clock(builder, symbol, started, ended):
 
 def task_clocks(cres, task_functions) -> list:
     """(task name, its counter as an int64 array) per timed launch site of a compiled kernel."""
-    from ..profiler import counter_at
-
     engine = cres.library.codegen._engine  # as Numba's own set_env finds its environment globals
     return [(tf.task.name, counter_at(engine.get_global_value_address(tf.clock_symbol)))
             for tf in task_functions if tf.clock_symbol]
@@ -310,12 +307,6 @@ def _live_ins(state, lp):
     return live
 
 
-def _clock_available() -> bool:
-    from ..profiler import CLOCK_MONOTONIC
-
-    return CLOCK_MONOTONIC is not None
-
-
 def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, list[str]]:
     """A TaskFunction for one offloaded loop, and the names of the driver variables it needs."""
     ir = state.ir
@@ -353,7 +344,7 @@ def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, lis
     for lbl in lp.body:
         new_blocks[lbl] = copy_ir(ir, blocks[lbl])
     task_ir = derive_ir(state, stub, new_blocks, params)
-    timed = state.config.kernel_profiler and _clock_available()
+    timed = state.config.kernel_profiler and CLOCK_MONOTONIC is not None
     return TaskFunction(task, task_ir, debug, timed), live
 
 

@@ -10,7 +10,8 @@ per call.
   its parallel region and adds to a three-word counter of its own (launches, nanoseconds, first
   start) in the kernel's library, which the wrapper turns into one task record per call and
   resets (targets/cpu.py, ``launch_range``). Serial code between loops is part of the kernel's
-  time only.
+  time only. Calls of one kernel instance from several Python threads at once may mix their
+  task times (the counters are per instance).
 - CUDA: a profiled plan launches through a native launcher that records a CUDA event before
   and after every task. Events are read lazily — when information is asked for, or when many
   calls are pending — so launches stay asynchronous; a kernel's time is the device time from

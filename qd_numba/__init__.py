@@ -6,6 +6,7 @@
 from . import lowering as _lowering  # noqa: F401  (registers Numba extensions)
 from . import (
     math,  # noqa: E402  (qd.math namespace)
+    profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)
 )
 from .dtypes import (
@@ -85,6 +86,7 @@ from .math import (
     tanh,
 )
 from .matrix import Matrix, Vector
+from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64
 from .task import Task
 

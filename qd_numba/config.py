@@ -40,6 +40,18 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "critical")   # Quadrants' names, quietest last
+
+
+def log_level(value: str) -> str:
+    """A log level name: one of :data:`LOG_LEVELS` (any case; ``warning`` is ``warn``)."""
+    name = str(value).strip().lower()
+    name = "warn" if name == "warning" else name
+    if name not in LOG_LEVELS:
+        raise ValueError(f"log level {value!r}: expected one of {', '.join(LOG_LEVELS)} (e.g. qd.INFO)")
+    return name
+
+
 @dataclasses.dataclass
 class Config:
     arch: str = "cpu"
@@ -57,6 +69,8 @@ class Config:
     aggressive_kernel_fusion_diag: bool = False  # QD_AGGRESSIVE_KERNEL_FUSION_DIAG: print fusion decisions
     kernel_fusion_budget: int = 600              # QD_KERNEL_FUSION_BUDGET: max IR statements of a fused body
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
+    kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
+    log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -80,11 +94,13 @@ def config_from_env(**overrides) -> Config:
         aggressive_kernel_fusion_diag=env_flag("QD_AGGRESSIVE_KERNEL_FUSION_DIAG"),
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
+        kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
+        log_level=log_level(os.environ["QD_LOG_LEVEL"]) if os.environ.get("QD_LOG_LEVEL", "").strip() else None,
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):
             raise TypeError(f"qd.init() got an unknown option {key!r}")
-        setattr(cfg, key, value)
+        setattr(cfg, key, log_level(value) if key == "log_level" and value is not None else value)
     return cfg
 
 

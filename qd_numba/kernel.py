@@ -25,7 +25,7 @@ from numba import _dispatcher
 from numba.core import errors as numba_errors
 from numba.core import types
 
-from . import config, dtypes
+from . import config, dtypes, profiler
 from .errors import (
     QuadrantsCompilationError,
     QuadrantsError,
@@ -414,12 +414,17 @@ class Kernel:
         return self._ir[key]
 
     def _compile(self, param_types, templates) -> Instance:
+        with profiler.compiling(self.qualname, "cpu"):  # compile records and log (profiler.py)
+            return self._compile_cpu(param_types, templates)
+
+    def _compile_cpu(self, param_types, templates) -> Instance:
         from .targets import cpu
 
         cfg = config.current.for_kernel(fuse=self.fuse, graph=self.graph)
         tools = IRTools.for_cpu()
         runtime_params = [p.name for p in self.params if p.kind != "template"]
-        func_ir = copy_ir(tools.ir, self.frontend_ir(tools))
+        with profiler.stage("frontend"):
+            func_ir = copy_ir(tools.ir, self.frontend_ir(tools))
         state = CompileState(tools=tools, func_ir=func_ir, kernel_name=self.name,
                              config=cfg, runtime_params=runtime_params, param_types=param_types,
                              template_values=templates, kernel_qualname=self.qualname,
@@ -427,11 +432,14 @@ class Kernel:
         take_pending()
         task_functions = []
         try:
-            run_untyped_pipeline(state, codegen_stages=cpu.CODEGEN_STAGES)
-            driver, task_functions = cpu.build_driver(state, cfg.debug)
+            with profiler.stage("untyped passes"):
+                run_untyped_pipeline(state, codegen_stages=cpu.CODEGEN_STAGES)
+            with profiler.stage("task split"):
+                driver, task_functions = cpu.build_driver(state, cfg.debug)
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
-            cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
+            with profiler.stage("typing + lowering", llvm=True):
+                cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
             if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
                 from .targets.cuda import compile_check
 
@@ -445,7 +453,10 @@ class Kernel:
         self.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
         key = artifact_key(self, param_types, templates, state.hidden, cfg, "cpu")
-        return Instance(cres.entry_point, hidden, list(state.tasks), cres, task_functions, state, key)
+        entry = cres.entry_point
+        if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
+            entry = profiler.timed_cpu_entry(self.qualname, entry, cpu.task_clocks(cres, task_functions))
+        return Instance(entry, hidden, list(state.tasks), cres, task_functions, state, key)
 
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, *args, **kwargs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import config
+from . import config, profiler
 from .errors import QuadrantsRuntimeError
 
 cpu = "cpu"
@@ -57,11 +57,12 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
     options.pop("offline_cache", None)
-    options.pop("log_level", None)
     config.current = config.config_from_env(arch=arch, **overrides, **options)
     from .kernel import forget_compiled
 
     forget_compiled()
+    profiler.apply_log_level(config.current.log_level)
+    profiler.kernel_profiler.clear()   # records of the dropped kernels
     if config.current.cpu_max_num_threads:
         import numba
 
@@ -92,3 +93,4 @@ def sync() -> None:
 
 def reset() -> None:
     config.current = config.config_from_env()
+    profiler.apply_log_level(config.current.log_level)

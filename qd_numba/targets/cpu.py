@@ -27,6 +27,7 @@ from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import copy_ir, derive_ir, exec_stub
+from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
 CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for "
                   "(targets/cpu.py build_driver)",
@@ -69,11 +70,13 @@ class TaskFunction:
     per task plus again for the linked driver (32 loops: about half the cold compile time).
     """
 
-    def __init__(self, task, func_ir, debug: bool):
+    def __init__(self, task, func_ir, debug: bool, timed: bool = False):
         self.task = task
         self.func_ir = func_ir
         self.debug = debug
         self.error = None
+        # kernel profiler: the launch site's counter, a global of the kernel's library
+        self.clock_symbol = f"qd_task_clock_{next(_clock_ids)}_{task.uid}" if timed else None
         self._consumed = False   # func_ir was handed to Numba (which mutates it)
         self._environments = []  # (env name, Environment) to install once the library is finalised
 
@@ -124,6 +127,7 @@ def _lower_task_function(context, builder, ty, pyval):
 
 
 _wrapper_ids = itertools.count()
+_clock_ids = itertools.count()
 
 
 @intrinsic
@@ -149,6 +153,7 @@ def launch_range(typingctx, task_fn, total, args, serial):
             return context.call_conv.call_function(b, fn, types.none, argtys, [lo, hi, *values])[0]
 
         with builder.if_then(builder.icmp_signed(">", total_v, intp(0))):
+            started = _read_clock(builder) if tf.clock_symbol else None
             get_num_threads = cgutils.get_or_insert_function(module, llir.FunctionType(intp, []),
                                                              "get_num_threads")
             nthreads = intp(1) if run_serially else builder.call(get_num_threads, [])
@@ -161,9 +166,53 @@ def launch_range(typingctx, task_fn, total, args, serial):
                         context.call_conv.return_status_propagate(builder, status)
                 with parallel:
                     _emit_parallel(context, builder, fn, argtys, args, args_v, total_v, nthreads, call_task)
+            if started is not None:
+                _add_to_clock(builder, tf.clock_symbol, started, _read_clock(builder))
         return context.get_dummy_value()
 
     return types.none(task_fn, total, args, serial), codegen
+
+
+# -- kernel profiler: a clock read around each launch (only in kernels compiled with it on) -----------
+
+_I64 = llir.IntType(64)
+_TIMESPEC = llir.LiteralStructType([_I64, _I64])   # struct timespec on 64-bit Unix
+
+
+def _read_clock(builder):
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (the clock profiler.now_ns reads)."""
+    i32 = llir.IntType(32)
+    clock_gettime = cgutils.get_or_insert_function(
+        builder.module, llir.FunctionType(i32, [i32, _TIMESPEC.as_pointer()]), "clock_gettime")
+    ts = cgutils.alloca_once(builder, _TIMESPEC)
+    builder.call(clock_gettime, [i32(CLOCK_MONOTONIC), ts])
+    seconds = builder.load(builder.gep(ts, [i32(0), i32(0)]))
+    nanoseconds = builder.load(builder.gep(ts, [i32(0), i32(1)]))
+    return builder.add(builder.mul(seconds, _I64(1_000_000_000)), nanoseconds)
+
+
+def _add_to_clock(builder, symbol, started, ended):
+    """Count one launch of ``[started, ended)`` in the launch site's counter ``symbol``:
+    launches, nanoseconds, start of the first launch (profiler.TASK_COUNTER_WORDS)."""
+    i32 = llir.IntType(32)
+    module = builder.module
+    counter = module.globals.get(symbol)
+    if counter is None:  # common: one counter however many modules of the library declare it
+        counter = llir.GlobalVariable(module, llir.ArrayType(_I64, TASK_COUNTER_WORDS), name=symbol)
+        counter.linkage = "common"
+        counter.initializer = llir.ArrayType(_I64, TASK_COUNTER_WORDS)(None)
+    launches, total, first = (builder.gep(counter, [i32(0), i32(k)]) for k in range(TASK_COUNTER_WORDS))
+    count = builder.load(launches)
+    builder.store(builder.add(count, _I64(1)), launches)
+    builder.store(builder.add(builder.load(total), builder.sub(ended, started)), total)
+    builder.store(builder.select(builder.icmp_signed("==", count, _I64(0)), started, builder.load(first)), first)
+
+
+def task_clocks(cres, task_functions) -> list:
+    """(task name, its counter as an int64 array) per timed launch site of a compiled kernel."""
+    engine = cres.library.codegen._engine  # as Numba's own set_env finds its environment globals
+    return [(tf.task.name, counter_at(engine.get_global_value_address(tf.clock_symbol)))
+            for tf in task_functions if tf.clock_symbol]
 
 
 def _data_type(context, args):
@@ -300,7 +349,8 @@ def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, lis
     for lbl in lp.body:
         new_blocks[lbl] = copy_ir(ir, blocks[lbl])
     task_ir = derive_ir(state, stub, new_blocks, params)
-    return TaskFunction(task, task_ir, debug), live
+    timed = state.config.kernel_profiler and CLOCK_MONOTONIC is not None
+    return TaskFunction(task, task_ir, debug, timed), live
 
 
 def build_driver(state, debug: bool):

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 from numba.core import types
 
-from .. import config
+from .. import config, profiler
 from ..errors import QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
 from ..frontend.keys import artifact_key
@@ -97,6 +97,44 @@ def native_launcher():
 
         _native_launch_all = launch_all
     return _native_launch_all
+
+
+_native_launch_timed = None
+
+
+def native_timed_launcher():
+    """``launch_timed(packed, events) -> status``: :func:`native_launcher`'s loop for the kernel
+    profiler, recording the CUDA event ``events[2k]`` before task k and ``events[2k + 1]`` after
+    it (also around a task with an empty grid, which does not launch)."""
+    global _native_launch_timed
+    if _native_launch_timed is None:
+        import numba
+
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        launch = libcuda.cuLaunchKernel
+        launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
+        launch.restype = ctypes.c_int32
+        record = libcuda.cuEventRecord
+        record.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+        record.restype = ctypes.c_int32
+
+        @numba.njit(nogil=True)
+        def launch_timed(packed, events):
+            stream = packed[1]
+            for k in range(packed[0]):
+                base = PACK_HEAD + PACK_TASK * k
+                grid = packed[base + 1]
+                err = record(events[2 * k], stream)
+                if err == 0 and grid > 0:
+                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
+                if err == 0:
+                    err = record(events[2 * k + 1], stream)
+                if err != 0:
+                    return (k << 32) | err
+            return -1
+
+        _native_launch_timed = launch_timed
+    return _native_launch_timed
 
 
 # -- the runtime: device, context table ---------------------------------------------------------------
@@ -401,6 +439,10 @@ class LaunchPlan:
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
         self.launch_all = native_launcher()
+        # qd.init(kernel_profiler=True): this plan launches through CUDA events (profiler.py)
+        self.timer = profiler.CudaLaunchTimer(kernel.qualname, [t.name for t in self.tasks], native_timed_launcher(),
+                                              self.packed[PACK_HEAD + 1::PACK_TASK]) \
+            if config.current.kernel_profiler else None
         # debug=True: (launch, device address of its int32 error word) per task that records exceptions
         self.error_words = [(launch, self.rt.global_address(launch.module, launch.compiled.error_symbol))
                             for launch in launches if launch.compiled.error_symbol]
@@ -536,7 +578,8 @@ def _runner_source(plan):
                  *(f"    {t} = a{i}" for t, i in zip(tracked, plan.totals_args)),
                  # ndarrays as their views: every array kind (DLPack producers too) has .shape there
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
-    body += ["status = launch_all(packed)",
+    ns["timer"] = plan.timer
+    body += ["status = launch_all(packed)" if plan.timer is None else "status = timer.launch(packed)",
              "if status >= 0:",
              "    plan._failed(status)"]
     if plan.error_words:
@@ -627,7 +670,8 @@ class CudaKernel:
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
         try:
-            return build_plan(kernel, param_types, templates)
+            with profiler.compiling(kernel.qualname, "cuda"):
+                return build_plan(kernel, param_types, templates)
         except Exception as e:
             err = compile_error(kernel.name, e, param_types, config.current.raw_errors)
             if err is None:
@@ -662,12 +706,15 @@ def compile_state(kernel, param_types, templates):
     tools = IRTools.for_cuda()
     runtime_params = [p.name for p in kernel.params if p.kind != "template"]
     cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
-    state = CompileState(tools=tools, func_ir=copy_ir(tools.ir, kernel.frontend_ir(tools)), kernel_name=kernel.name,
+    with profiler.stage("frontend"):
+        func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
+    state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name,
                          config=cfg, runtime_params=runtime_params, param_types=param_types,
                          template_values=templates, kernel_qualname=kernel.qualname,
                          returns_value=kernel.return_type is not None)
     take_pending()
-    run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)
+    with profiler.stage("untyped passes"):
+        run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)
     return state
 
 
@@ -679,7 +726,8 @@ def compile_tasks(kernel, state, cc, field_slot):
     temp_types, out = {}, []
     debug = config.current.debug
     for unit in plan_ir.units:
-        tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
+        with profiler.stage("task split"):
+            tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
         if config.current.print_ir:
             import sys
 
@@ -709,9 +757,10 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
     tasks; raises what a real CUDA compile would raise."""
-    state = compile_state(kernel, param_types, templates)
-    _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
-    host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
+    with profiler.compiling(kernel.qualname, "cuda (compile check)"):
+        state = compile_state(kernel, param_types, templates)
+        _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
+        host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
     return compiled
 
 
@@ -773,7 +822,8 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     launches = []
     range_index = 0
     for unit, tk, c in compiled:
-        module, fn = rt.load_function(c.cubin, c.entry_name)
+        with profiler.stage("module load"):
+            module, fn = rt.load_function(c.cubin, c.entry_name)
         order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP] + tk.runtime_args
         ptrs = [ctypes.addressof(cell) for name in order for cell in cells[name]]
         argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import profiler
+
 __all__ = [
     "CompiledCudaTask",
     "ParamSlot",
@@ -528,10 +530,11 @@ def compile_task_to_cubin(
             pipeline = cc_mod.CUDACompiler(
                 tctx, gctx, None, argtypes, core_types.void, flags, {}, CUDACallConv(gctx), {}
             )
-            cres = pipeline.compile_ir(func_ir=func_ir)
-            lib = cres.library
-            _define_declared_globals(lib, cres.target_context)
-            lib.finalize()
+            with profiler.stage("typing + lowering"):  # compile records (profiler.py)
+                cres = pipeline.compile_ir(func_ir=func_ir)
+                lib = cres.library
+                _define_declared_globals(lib, cres.target_context)
+                lib.finalize()
             entry = cres.fndesc.llvm_func_name
             kernel = lib.get_function(entry)
             lib._entry_name = entry
@@ -539,9 +542,11 @@ def compile_task_to_cubin(
             nvvm.set_launch_bounds(kernel, launch_bounds)
             if lib.use_cooperative:
                 lib.needs_cudadevrt = True
-            ptx = lib.get_asm_str(cc=ccn)
+            with profiler.stage("NVVM"):
+                ptx = lib.get_asm_str(cc=ccn)
             _link_helpers(lib, cres.target_context, ptx)
-            obj = lib.get_cubin(cc=ccn)
+            with profiler.stage("nvJitLink"):
+                obj = lib.get_cubin(cc=ccn)
             cubin = bytes(obj.code) if hasattr(obj, "code") else bytes(obj)
             try:
                 log = lib.get_linkerinfo(ccn) or ""

@@ -1,0 +1,136 @@
+"""Before/after benchmark of two qd_numba trees, side by side in one run (a restructuring must
+keep speed): launch cost, saxpy, 8 small loops, cold compile of 1/8/32-loop kernels.
+
+    python bench/before_after.py BEFORE_DIR AFTER_DIR --arch cpu|cuda [--rounds 2]
+
+Each tree is a directory holding a ``qd_numba`` package (e.g. ``git archive <commit> qd_numba |
+tar -x -C .before``). Every measurement runs in a fresh process with that tree first on
+``PYTHONPATH``; the trees alternate within each round. Workloads use only the public API, so
+both trees run the same source. Prints a markdown table (medians over rounds, after/before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+_CALLS = textwrap.dedent('''
+    import json, sys, time
+    import numpy as np
+    import qd_numba as qd
+    arch = sys.argv[1]
+    qd.init(arch=getattr(qd, arch))
+    if arch == "cuda":
+        sys.path.insert(0, sys.argv[2])
+        import gpu_workloads
+        out = gpu_workloads.run_quadrants_api(qd, "qd_numba")
+    else:
+        @qd.kernel
+        def copy(a: qd.types.ndarray(dtype=qd.f32, ndim=1), b: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                b[i] = a[i] + 1.0
+
+        @qd.kernel
+        def saxpy(s: qd.f32, x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(x.shape[0]):
+                y[i] = s * x[i] + y[i]
+
+        def best(fn, reps, repeats=7):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                times.append((time.perf_counter() - t0) / reps)
+            return min(times)
+
+        rng = np.random.default_rng(0)
+        a, b = rng.random(16).astype(np.float32), np.zeros(16, np.float32)
+        copy(a, b)
+        assert np.allclose(b, a + 1)
+        x, y = rng.random(1 << 24).astype(np.float32), rng.random(1 << 24).astype(np.float32)
+        y0 = y.copy()
+        saxpy(2.0, x, y)
+        assert np.allclose(y, 2 * x + y0, rtol=1e-5)
+        out = {"call_ndarrays_us": best(lambda: copy(a, b), 20000) * 1e6,
+               "saxpy_ms": best(lambda: saxpy(2.0, x, y), 10) * 1e3}
+    print("RESULT " + json.dumps(out))
+''')
+
+_COLD = textwrap.dedent('''
+    import sys, time
+    import numpy as np
+    t0 = time.perf_counter()
+    import qd_numba as qd
+    arch, loops = sys.argv[1], int(sys.argv[2])
+    qd.init(arch=getattr(qd, arch))
+    src = "def k(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):\\n" + "".join(
+        f"    for i in range(a.shape[0]):\\n        a[i] = a[i] + {j}.0\\n" for j in range(loops))
+    ns = {"qd": qd}
+    exec(src, ns)
+    k = qd.kernel(ns["k"])
+    a = qd.ndarray(qd.f32, shape=(4,)) if arch == "cuda" else np.zeros(4, np.float32)
+    t1 = time.perf_counter()
+    k(a)
+    qd.sync()
+    t2 = time.perf_counter()
+    got = a.to_numpy() if arch == "cuda" else a
+    assert got[0] == sum(range(loops)), got
+    print("RESULT", t2 - t1)
+''')
+
+
+def _run(tree, args, program):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree)] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p and os.path.abspath(p) != os.path.abspath(".")])
+    env["NUMBA_CACHE_DIR"] = f"/tmp/qd_bench_nocache_{os.getpid()}"
+    out = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env,
+                         timeout=900, cwd="/tmp")
+    if out.returncode != 0:
+        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--arch", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--loops", default="1,8,32")
+    opts = ap.parse_args()
+    trees = {"before": opts.before, "after": opts.after}
+    samples = {}
+    for r in range(opts.rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for name in order:
+            for key, value in _run(trees[name], [opts.arch, HERE], _CALLS).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    samples.setdefault((key, name), []).append(value)
+            for loops in map(int, opts.loops.split(",")):
+                t = _run(trees[name], [opts.arch, str(loops)], _COLD)
+                samples.setdefault((f"cold_compile_{loops}_loops_s", name), []).append(t)
+        print(f"round {r + 1} done", file=sys.stderr, flush=True)
+    keys = sorted({k for k, _ in samples})
+    print(f"| {opts.arch} | before | after | after / before |")
+    print("| --- | --- | --- | --- |")
+    for key in keys:
+        b, a = samples.get((key, "before")), samples.get((key, "after"))
+        if not a or not b:
+            continue
+        mb, ma = statistics.median(b), statistics.median(a)
+        spread = f" ({', '.join(f'{v:.4g}' for v in b)} / {', '.join(f'{v:.4g}' for v in a)})"
+        print(f"| {key} | {mb:.4g} | {ma:.4g} | {ma / mb:.2f} |{spread}")
+
+
+if __name__ == "__main__":
+    main()

@@ -44,6 +44,7 @@ from .passes.fold_static import FoldStatic
 from .passes.fuse_tasks import FuseAdjacentTasks
 from .passes.inline_funcs import InlineFuncs
 from .passes.offload import Offload
+from .passes.random_streams import BindRandomStreams
 from .passes.resolve_globals import ResolveGlobals
 from .passes.rewrite_subscripts import RewriteSubscripts
 from .passes.verify import verify_final, verify_ir
@@ -438,7 +439,7 @@ class Kernel:
 
 def run_untyped_pipeline(state) -> None:
     """BindArguments, then (ResolveGlobals, InlineFuncs, FoldStatic) to a fixed point, then
-    RewriteSubscripts, Offload and fusion; the IR is verified after every pass (passes/verify.py)."""
+    RewriteSubscripts, Offload, BindRandomStreams and fusion; the IR is verified after every pass (passes/verify.py)."""
     stages = []
 
     def run(p):
@@ -465,12 +466,14 @@ def run_untyped_pipeline(state) -> None:
     run(ResolveGlobals())
     run(RemoveDeadPure())
     run(Offload())
+    run(BindRandomStreams())
     run(FuseAdjacentTasks())
     verify_final(state, "the untyped pipeline")
 
 
 PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
-            "check_readonly_writes", "direct_array_access", "offload", "cpu.build_driver", "numba typing + lowering")
+            "check_readonly_writes", "direct_array_access", "offload", "bind_random_streams", "cpu.build_driver",
+            "numba typing + lowering")
 
 
 _INT_TYPES = frozenset({int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64,

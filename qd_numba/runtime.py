@@ -4,11 +4,14 @@
 default) always works. ``qd.cuda``/``qd.gpu`` need an NVIDIA GPU and numba-cuda; ``qd.amdgpu``
 needs numba-hip and ROCm; when they are missing, ``qd.init`` raises QuadrantsRuntimeError
 saying what is missing instead of falling back silently.
+
+``qd.init`` also resets the state of ``qd.random`` (see :func:`random_state`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 from . import config
 from .errors import QuadrantsRuntimeError
@@ -66,20 +69,52 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
         import numba
 
         numba.set_num_threads(min(config.current.cpu_max_num_threads, numba.config.NUMBA_NUM_THREADS))
-    if config.current.random_seed is not None:
-        _seed(config.current.random_seed)
+    _reset_random()
 
 
-def _seed(seed: int) -> None:
-    import numba
-    import numpy as np
+# -- qd.random ---------------------------------------------------------------------------------
 
-    @numba.njit
-    def seed_compiled(s):
-        np.random.seed(s)
+_random_lock = threading.Lock()
+_random_state = None    # the generator state field, made at the first compile that needs it
+_python_draws = 0       # qd.random() calls in Python scope since qd.init
 
-    seed_compiled(seed)
-    np.random.seed(seed)
+
+def random_state():
+    """The state of ``qd.random`` in kernels: a uint64 field ``[seed word, launches]``, passed
+    to kernels that call qd.random like any field. Each launch of such a kernel reads its key
+    from it and counts itself (lowering/random.py). ``qd.init`` starts a new one from
+    ``random_seed`` (default 0), so a seed gives the same numbers in every process."""
+    global _random_state
+    with _random_lock:
+        if _random_state is None:
+            import numpy as np
+
+            from .dtypes import u64
+            from .field import Field
+            from .lowering.random import seed_word
+
+            state = Field(u64, shape=(2,), name="qd.random state")
+            state.from_numpy(np.array([seed_word(config.current.random_seed or 0), 0], dtype=np.uint64))
+            _random_state = state
+        return _random_state
+
+
+def python_random(dtype):
+    """``qd.random(dtype)`` in Python scope: the same generator, on its own stream, one number
+    per call (the n-th call since ``qd.init`` is index n)."""
+    global _python_draws
+    from .lowering.random import PYTHON_STREAM, host_launch_key, host_random
+
+    with _random_lock:
+        index, _python_draws = _python_draws, _python_draws + 1
+    key = host_launch_key(config.current.random_seed or 0, 0)
+    return host_random(key, index, PYTHON_STREAM, 0, dtype).item()
+
+
+def _reset_random() -> None:
+    global _random_state, _python_draws
+    with _random_lock:
+        _random_state, _python_draws = None, 0
 
 
 def sync() -> None:

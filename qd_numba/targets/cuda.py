@@ -120,15 +120,6 @@ class CudaRuntime:
         self._table_dev = cuda.to_device(self._table_host)
         self.ctx_ptr = int(self._table_dev.device_ctypes_pointer.value)
         self.plan_builds = 0
-        self.seed_rng(config.current.random_seed)
-
-    def seed_rng(self, seed) -> None:
-        """One xorshift32 state per resident thread (``qd.random`` on the device; launches never
-        exceed the occupancy limit, so the global thread index selects a state)."""
-        gen = np.random.default_rng(seed)
-        states = gen.integers(1, 2**32, self.max_threads, dtype=np.uint64).astype(np.uint32)
-        self._rng_dev = self.cuda.to_device(states)
-        self.rng_ptr = int(self._rng_dev.device_ctypes_pointer.value)
 
     @classmethod
     def get(cls) -> CudaRuntime:
@@ -186,10 +177,6 @@ class CudaRuntime:
         self.context  # noqa: B018  (numba made the primary context current in this thread)
         module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         fn = _check(drv.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
-        err, dptr, size = drv.cuModuleGetGlobal(module, device.RNG_STATES_SYMBOL.encode())
-        if int(err) == 0:  # the module uses qd.random: point it at the generator states
-            value = ctypes.c_uint64(self.rng_ptr)
-            _check(drv.cuMemcpyHtoD(dptr, ctypes.addressof(value), 8), "cuMemcpyHtoD")
         return module, fn
 
 

@@ -84,7 +84,7 @@ from .math import (
     tanh,
 )
 from .matrix import Matrix, Vector
-from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64
+from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64, x86_64
 from .task import Task
 
 __version__ = "0.1.0"

@@ -1,9 +1,11 @@
 """``qd.init``, architectures, and process-wide runtime state.
 
 ``qd.init(arch=...)`` selects the backend for kernels compiled afterwards. ``qd.cpu`` (the
-default) always works. ``qd.cuda``/``qd.gpu`` need an NVIDIA GPU and numba-cuda; ``qd.amdgpu``
-needs numba-hip and ROCm; when they are missing, ``qd.init`` raises QuadrantsRuntimeError
-saying what is missing instead of falling back silently.
+default) always works; ``qd.x64``/``qd.x86_64``/``qd.arm64`` name it on a host of that kind.
+``qd.cuda``/``qd.gpu`` need an NVIDIA GPU and numba-cuda; ``qd.amdgpu`` needs numba-hip and
+ROCm; when they are missing, ``qd.init`` raises QuadrantsRuntimeError saying what is missing
+instead of falling back silently. Quadrants' other backends (``qd.metal``, ``qd.vulkan``) are
+not backends of qd_numba: naming one is an error too.
 
 ``qd.init`` also resets the state of ``qd.random`` (see :func:`random_state`).
 """
@@ -11,6 +13,7 @@ saying what is missing instead of falling back silently.
 from __future__ import annotations
 
 import os
+import platform
 import threading
 
 from . import config
@@ -20,12 +23,24 @@ cpu = "cpu"
 cuda = "cuda"
 gpu = "gpu"
 amdgpu = "amdgpu"
-x64 = "cpu"
-arm64 = "cpu"
+x64 = x86_64 = "x64"
+arm64 = "arm64"
 vulkan = "vulkan"
 metal = "metal"
 
 _ARCHES = {cpu, cuda, gpu, amdgpu}
+_HOST_CPUS = {"x86_64": x64, "amd64": x64, "aarch64": arm64, "arm64": arm64}
+_OTHER_BACKENDS = {metal: "Apple Metal", vulkan: "Vulkan"}   # Quadrants backends qd_numba does not have
+_BACKENDS = "qd.cpu (qd.x64/qd.arm64 on such a host), qd.cuda, qd.gpu (the first GPU found), qd.amdgpu"
+
+
+def _host_arch(arch: str) -> str:
+    """``qd.cpu`` for ``qd.x64``/``qd.arm64`` on a host of that kind, or our error naming the host."""
+    machine = platform.machine()
+    if _HOST_CPUS.get(machine.lower()) != arch:
+        raise QuadrantsRuntimeError(f"qd.init(arch=qd.{arch}): this host's CPU is {machine or 'unknown'}, "
+                                    f"not {arch}; use qd.cpu, which is always the host's CPU")
+    return cpu
 
 
 def _cuda_ready() -> bool:
@@ -45,8 +60,13 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     arch = arch or os.environ.get("QD_ARCH", "").strip().lower() or cpu
     if isinstance(arch, (list, tuple)):
         arch = arch[0]
+    if arch in (x64, arm64):
+        arch = _host_arch(arch)
+    if arch in _OTHER_BACKENDS:
+        raise QuadrantsRuntimeError(f"qd.init(arch=qd.{arch}): {_OTHER_BACKENDS[arch]} is a Quadrants backend but not "
+                                    f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
-        raise QuadrantsRuntimeError(f"qd.init: unsupported arch {arch!r}; qd_numba supports cpu, cuda, gpu, amdgpu")
+        raise QuadrantsRuntimeError(f"qd.init: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
     if arch in (cuda, gpu):
         if not _cuda_ready():
             raise QuadrantsRuntimeError(

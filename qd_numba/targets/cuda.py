@@ -261,6 +261,10 @@ def array_view(a, where: str) -> ArrayView:
         strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
         ptr, readonly = cai["data"]
         return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+    if hasattr(a, "__array_interface__"):
+        raise QuadrantsTypeError(f"{where}: a host array ({type(a).__name__}, through __array_interface__) cannot be "
+                                 "passed to a CUDA kernel; pass a numpy array (copied to the GPU and back) or a CUDA "
+                                 "array")
     if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
         return _dlpack_view(a, where)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "

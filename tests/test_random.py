@@ -256,6 +256,40 @@ def test_random_in_an_njit_callee_is_our_error():
         uses_njit(np.zeros(4, np.float32))
 
 
+def test_dtype_argument(seeded):
+    seeded(4, default_fp=qd.f64)
+
+    @qd.kernel
+    def python_types(a: qd.types.ndarray(dtype=qd.f64, ndim=1), b: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+        for i in range(a.shape[0]):
+            a[i] = qd.random(float)             # default_fp, as in annotations
+            b[i] = qd.random(int)               # default_ip
+
+    a, b = np.zeros(20), np.zeros(20, np.int32)
+    python_types(a, b)
+    key, idx = host_launch_key(4, 0), np.arange(20)
+    np.testing.assert_array_equal(a, host_random(key, idx, 1, 0, qd.f64))
+    np.testing.assert_array_equal(b, host_random(key, idx, 1, 1, qd.i32))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    ("qd.random(qd.f32, 2)", qd.QuadrantsSyntaxError, r"qd.random\(\) takes one optional argument, dtype"),
+    ("qd.random(seed=1)", qd.QuadrantsSyntaxError, r"qd.random\(\) takes one optional argument, dtype"),
+    ("qd.random(qd.u1)", qd.QuadrantsTypeError, r"dtype must be an integer or float type .*got bool"),
+    ("qd.random(a[0])", qd.QuadrantsTypeError, r"dtype must be an integer or float type .*known at run time"),
+])
+def test_bad_arguments_are_our_errors(call, error, message):
+    ns = {"qd": qd}
+    exec(textwrap.dedent(f"""
+        @qd.kernel
+        def bad(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+            for i in range(a.shape[0]):
+                a[i] = {call}
+    """), ns)
+    with pytest.raises(error, match=message):
+        ns["bad"](np.zeros(3, np.float32))
+
+
 # -- statistical quality, 1e6 samples ---------------------------------------------------------------------
 
 @qd.kernel

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import operator
 
-from .. import runtime
+from numba.core import types
+
+from .. import dtypes, runtime
+from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..lang import random as qd_random
 from ..lowering.random import launch_key, random_at
-from .base import try_static
+from .base import MISSING, try_static
 
 SERIAL_STREAM = 0
 
@@ -111,16 +114,34 @@ class BindRandomStreams:
         header.body.insert(len(header.body) - 1, ir.Assign(ir.Const(0, loc), counter, loc))
         return counter, flat
 
+    def _dtype(self, call, loc):
+        """The Numba type ``qd.random(dtype)`` returns: an integer or float type known now."""
+        state = self.state
+        kws = dict(call.kws)
+        if len(call.args) + len(kws) > 1 or set(kws) - {"dtype"} or call.vararg is not None:
+            raise state.error(QuadrantsSyntaxError, "qd.random() takes one optional argument, dtype", loc)
+        var = call.args[0] if call.args else kws.get("dtype")
+        if var is None:
+            return state.config.default_fp
+        value = try_static(state, var)
+        try:  # Python's int and float mean the defaults, as in annotations
+            dtype = state.config.default_ip if value is int else state.config.default_fp if value is float \
+                else dtypes.to_numba(value)
+        except TypeError:
+            dtype = None
+        if value is MISSING or not isinstance(dtype, (types.Integer, types.Float)):
+            shown = "a value only known at run time" if value is MISSING else repr(value)
+            raise state.error(QuadrantsTypeError, f"qd.random(dtype): dtype must be an integer or float type "
+                                                  f"(qd.f32, qd.i32, ...), got {shown}", loc)
+        return dtype
+
     def _rewrite(self, stmt, stream, counter, index):
         """``random_at(key, index, stream, counter, dtype)``, then the counter's increment."""
         ir = self.state.ir
         loc, call = stmt.loc, stmt.value
         scope = self.scope
-        out = []
-        dtype = call.args[0] if call.args else dict(call.kws).get("dtype")
-        if dtype is None:
-            dtype = scope.redefine("$qd_rng_dtype", loc)
-            out.append(ir.Assign(ir.Global("default_fp", self.state.config.default_fp, loc), dtype, loc))
+        dtype = scope.redefine("$qd_rng_dtype", loc)
+        out = [ir.Assign(ir.Global("dtype", self._dtype(call, loc), loc), dtype, loc)]
         stream_var, one, add = (scope.redefine(n, loc) for n in ("$qd_rng_stream", "$qd_rng_one", "$qd_rng_add"))
         out += [ir.Assign(ir.Const(stream, loc), stream_var, loc), ir.Assign(ir.Const(1, loc), one, loc)]
         out += self._call(random_at, [self.key, index, stream_var, counter, dtype], stmt.target, loc)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from numba.core import types
 from numba.extending import overload
 
 from . import config
-from .errors import QuadrantsSyntaxError, typing_error
+from .errors import QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 
 
 def ndrange(*dims):
@@ -71,7 +72,13 @@ def random(dtype=None):
     same generator runs on its own stream."""
     from . import dtypes, runtime
 
-    return runtime.python_random(config.current.default_fp if dtype is None else dtypes.to_numba(dtype))
+    cfg = config.current
+    dt = cfg.default_fp if dtype is None or dtype is float else cfg.default_ip if dtype is int \
+        else dtypes.to_numba(dtype)
+    if not isinstance(dt, (types.Integer, types.Float)):
+        raise QuadrantsTypeError(f"qd.random(dtype): dtype must be an integer or float type (qd.f32, qd.i32, ...), "
+                                 f"got {dtype!r}")
+    return runtime.python_random(dt)
 
 
 def _random_outside_kernel(dtype=None):

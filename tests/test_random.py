@@ -238,6 +238,9 @@ def test_python_scope_random_is_reproducible(seeded):
     assert first[:5] == [float(v) for v in host_random(key, np.arange(5), PYTHON_STREAM, 0, qd.f32)]
     assert isinstance(first[5], int) and isinstance(first[6], float)
     assert all(0 <= v < 1 for v in first[:5])
+    assert qd.random(int) == host_random(key, 7, PYTHON_STREAM, 0, qd.i32)     # int: default_ip
+    with pytest.raises(qd.QuadrantsTypeError, match="dtype must be an integer or float type"):
+        qd.random(qd.u1)
 
 
 def test_random_in_an_njit_callee_is_our_error():

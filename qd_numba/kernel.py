@@ -294,7 +294,7 @@ class Kernel:
         names = [f"a{k}" for k in range(len(self.params))]
         ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
               "instances": self._instances, "runtime_error": self._runtime_error, "config": config,
-              "MISSING": _MISSING_ARG}
+              "MISSING": _MISSING_ARG, "ndarray": np.ndarray, "host_array": host_array}
         sig = inspect.signature(self.fn)
         params = []
         for name, p in zip(names, sig.parameters.values()):
@@ -314,7 +314,11 @@ class Kernel:
         key_items, runtime = [], []
         for name, p in zip(names, self.params):
             if p.kind == "ndarray":
-                lines.append(f"        if type({name}) is Ndarray: {name} = {name}._arr")
+                # numpy arrays pass with one type check; anything else becomes the numpy view
+                # of its memory (host_array)
+                ns[f"where_{name}"] = _where(self, p)
+                lines.append(f"        if type({name}) is not ndarray: "
+                             f"{name} = {name}._arr if type({name}) is Ndarray else host_array({name}, where_{name})")
                 key_items.append(f"fingerprint({name})")
                 runtime.append(name)
             elif p.kind == "template":
@@ -350,7 +354,7 @@ class Kernel:
         that KeyError as their context, so no "During handling of the above exception" precedes them."""
         try:
             with self._lock:
-                args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
+                args = self._host_args(args)
                 types_, templates = self._argument_types(args)
                 key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
                             for p, a in zip(self.params, args) if p.kind != "scalar")
@@ -375,19 +379,23 @@ class Kernel:
             return QuadrantsRuntimeError(f"kernel '{self.name}': out-of-bounds access: {exc}")
         if isinstance(exc, (TypeError, ValueError, OverflowError)):
             try:
-                self._argument_types(tuple(a._arr if isinstance(a, Ndarray) else a for a in args))
+                self._argument_types(self._host_args(args))
             except QuadrantsError as e:
                 return e
             return QuadrantsTypeError(f"kernel '{self.name}': bad argument: {exc}")
         return QuadrantsRuntimeError(f"kernel '{self.name}' failed: {type(exc).__name__}: {exc}")
 
     # -- argument checks ------------------------------------------------------------------------------
+    def _host_args(self, args):
+        """The arguments with each ndarray argument as the numpy array the CPU target uses."""
+        return tuple(host_array(a, _where(self, p)) if p.kind == "ndarray" else a for p, a in zip(self.params, args))
+
     def _argument_types(self, args):
         """(runtime param name -> Numba type, template name -> value); raises on bad arguments."""
         types_, templates = {}, {}
         debug = config.current.debug
         for p, a in zip(self.params, args):
-            where = f"kernel '{self.name}', argument '{p.name}'"
+            where = _where(self, p)
             if p.kind == "template":
                 templates[p.name] = a
             elif p.kind == "scalar":
@@ -465,7 +473,7 @@ class Kernel:
             args = self._bind(args, kwargs)
         if config.current.arch != "cpu":
             return list(self._gpu().plan_for(args).tasks)
-        args = tuple(a._arr if isinstance(a, Ndarray) else a for a in args)
+        args = self._host_args(args)
         types_, templates = self._argument_types(args)
         key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
                     for p, a in zip(self.params, args) if p.kind != "scalar")
@@ -498,9 +506,61 @@ def field_type(f: ArrayData, debug: bool) -> FieldType:
                      kind="field" if not isinstance(f, Ndarray) else "ndarray")
 
 
+def _where(kernel, param) -> str:
+    return f"kernel '{kernel.name}', argument '{param.name}'"
+
+
+_DL_CPU = 1  # DLPack device type of host memory
+
+
+def host_array(a, where: str) -> np.ndarray:
+    """An ndarray argument as the numpy array a CPU kernel uses, sharing its memory, so that
+    the kernel's writes are visible in ``a``: a numpy array itself, a qd.ndarray's buffer, a CPU
+    torch tensor's numpy view, and for any other object the numpy array over the memory its
+    ``__array_interface__`` or DLPack capsule describes (read-only memory stays read-only).
+    Anything else, or memory that is not on the CPU, is our error naming the argument."""
+    if isinstance(a, np.ndarray):
+        return a
+    if isinstance(a, Ndarray):
+        return a._arr
+    if type(a).__module__.startswith("torch") and isinstance(a, sys.modules["torch"].Tensor):
+        try:
+            return a.numpy()            # the common case first: a CPU tensor without autograd
+        except (TypeError, RuntimeError):
+            return _torch_host_array(a, where)
+    if hasattr(a, "__array_interface__"):
+        return np.asarray(a)
+    if hasattr(a, "__dlpack__"):
+        device = a.__dlpack_device__()[0] if hasattr(a, "__dlpack_device__") else _DL_CPU
+        if int(device) != _DL_CPU:
+            raise QuadrantsTypeError(f"{where}: a DLPack array on device type {int(device)} (not the CPU) cannot "
+                                     "be passed to a kernel on qd.cpu; use qd.init(arch=qd.cuda)")
+        try:
+            return np.from_dlpack(a)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            raise QuadrantsTypeError(f"{where}: cannot use this DLPack array as an ndarray ({e})") from None
+    if hasattr(a, "__cuda_array_interface__"):
+        raise QuadrantsTypeError(f"{where}: a CUDA array ({type(a).__name__}) cannot be passed to a kernel on "
+                                 "qd.cpu; use qd.init(arch=qd.cuda)")
+    raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy array, qd.ndarray, CPU torch tensor, or an "
+                             f"object with __array_interface__ or __dlpack__), got {type(a).__name__}")
+
+
+def _torch_host_array(a, where: str) -> np.ndarray:
+    """A torch tensor ``.numpy()`` refused: one that requires grad (its data is used, as for
+    any tensor), or one that cannot be a CPU kernel's argument."""
+    if a.device.type != "cpu":
+        raise QuadrantsTypeError(f"{where}: a torch tensor on '{a.device}' cannot be passed to a kernel on "
+                                 "qd.cpu; use qd.init(arch=qd.cuda) or pass tensor.cpu()")
+    try:
+        return a.detach().numpy()
+    except (TypeError, RuntimeError) as e:
+        raise QuadrantsTypeError(f"{where}: this torch tensor has no numpy view ({e})") from None
+
+
 def _ndarray_type(where, spec, a, debug):
-    if not isinstance(a, np.ndarray):
-        raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy array or qd.ndarray), got {type(a).__name__}")
+    """The Numba type of a (host) ndarray argument; raises our error on a dtype, ndim or element
+    shape that does not match the annotation ``spec``."""
     from numba.np.numpy_support import from_dtype
 
     try:

@@ -16,6 +16,7 @@ from numba.core import types
 from numba.extending import overload
 
 from . import config
+from .errors import QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 
 
 def ndrange(*dims):
@@ -64,68 +65,32 @@ ATOMIC_FUNCTIONS = {f: f.qd_atomic_op for f in (atomic_add, atomic_sub, atomic_m
 
 
 def random(dtype=None):
-    """A uniform random number: float in [0, 1), or an integer over the dtype's range."""
-    dt = config.current.default_fp if dtype is None else dtype
-    if isinstance(dt, types.Integer) or dt is int:
-        return int(np.random.randint(-(2**31), 2**31))
-    return float(np.random.random())
+    """A uniform random number: a float in [0, 1), or an integer (an int32 value cast to the dtype).
+
+    Reproducible: ``qd.init(random_seed=s)`` fixes every number a program draws, on every
+    backend and thread count (lowering/random.py; docs/guide/random.md). In Python scope the
+    same generator runs on its own stream."""
+    from . import dtypes, runtime
+
+    cfg = config.current
+    dt = cfg.default_fp if dtype is None or dtype is float else cfg.default_ip if dtype is int \
+        else dtypes.to_numba(dtype)
+    if not isinstance(dt, (types.Integer, types.Float)):
+        raise QuadrantsTypeError(f"qd.random(dtype): dtype must be an integer or float type (qd.f32, qd.i32, ...), "
+                                 f"got {dtype!r}")
+    return runtime.python_random(dt)
 
 
-@overload(random, target="cpu")
-def _random(dtype=None):
-    if dtype is None or isinstance(dtype, (types.NoneType, types.Omitted)):
-        fp = config.current.default_fp
-
-        def impl(dtype=None):
-            return fp(np.random.random())
-        return impl
-    if isinstance(dtype, types.NumberClass):
-        inner = dtype.instance_type
-        if isinstance(inner, types.Integer):
-            def impl_int(dtype=None):
-                return dtype(np.random.randint(-(2**31), 2**31))
-            return impl_int
-
-        def impl_float(dtype=None):
-            return dtype(np.random.random())
-        return impl_float
-    return None
+def _random_outside_kernel(dtype=None):
+    """Kernels and qd.funcs have their qd.random calls numbered (passes/random_streams.py);
+    a call left in compiled code is in a function they call, which cannot be numbered."""
+    raise typing_error(QuadrantsSyntaxError(
+        "qd.random() can only be called in a kernel or a qd.func, not in a @numba.njit function they call "
+        "(its numbers could not be reproducible); draw the number in the kernel and pass it"))
 
 
-def _cuda_uniform(fp):
-    """An implementation of a uniform float in [0, 1) of type ``fp`` on CUDA (24 or 53 bits)."""
-    from .lowering.device import cuda_rng_u32
-
-    if fp.bitwidth <= 32:
-        def uniform32():
-            return fp(np.float32(cuda_rng_u32() >> np.uint32(8)) * np.float32(1.0 / 16777216.0))
-        return uniform32
-
-    def uniform64():
-        hi = np.uint64(cuda_rng_u32()) >> np.uint64(5)      # 27 bits
-        lo = np.uint64(cuda_rng_u32()) >> np.uint64(6)      # 26 bits
-        return fp(np.float64(hi * np.uint64(67108864) + lo) * (1.0 / 9007199254740992.0))
-    return uniform64
-
-
-@overload(random, target="cuda")
-def _random_cuda(dtype=None):
-    from numba import njit
-
-    from .lowering.device import cuda_rng_u32
-
-    if dtype is None or isinstance(dtype, (types.NoneType, types.Omitted)):
-        uniform = njit(_cuda_uniform(config.current.default_fp))
-        return lambda dtype=None: uniform()
-    if isinstance(dtype, types.NumberClass):
-        inner = dtype.instance_type
-        if isinstance(inner, types.Integer):
-            def impl_int(dtype=None):
-                return dtype(np.int32(cuda_rng_u32()))
-            return impl_int
-        uniform = njit(_cuda_uniform(inner))
-        return lambda dtype=None: uniform()
-    return None
+overload(random, target="cpu")(_random_outside_kernel)
+overload(random, target="cuda")(_random_outside_kernel)
 
 
 def sync() -> None:

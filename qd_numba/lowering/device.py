@@ -156,50 +156,6 @@ def temp_load(typingctx, tmp, offset, token):
     return ty(tmp, offset, token), codegen
 
 
-# -- random numbers ------------------------------------------------------------------------------------
-#
-# Each thread owns a 32-bit xorshift state in a device array (one per thread of the largest grid
-# the launcher uses, seeded from the host). Every task module defines the global
-# ``qd_rng_states`` (the array's address); the launcher writes it after loading the module.
-
-RNG_STATES_SYMBOL = "qd_rng_states"
-
-
-def _rng_states_pointer(builder):
-    module = builder.module
-    i32p = llir.IntType(32).as_pointer()
-    gv = module.globals.get(RNG_STATES_SYMBOL)
-    if gv is None:  # a declaration: the task kernel's library defines it once (rng_definition_module)
-        gv = llir.GlobalVariable(module, i32p, RNG_STATES_SYMBOL, addrspace=1)
-    generic = builder.addrspacecast(gv, i32p.as_pointer())
-    return builder.load(generic)
-
-
-def rng_definition_module(module):
-    """Define ``qd_rng_states`` (null until the launcher sets it) in an empty target module."""
-    i32p = llir.IntType(32).as_pointer()
-    gv = llir.GlobalVariable(module, i32p, RNG_STATES_SYMBOL, addrspace=1)
-    gv.initializer = llir.Constant(i32p, None)
-    return module
-
-
-@intrinsic
-def cuda_rng_u32(typingctx):
-    """The next 32 random bits of this thread's generator (xorshift32)."""
-    def codegen(context, builder, sig, args):
-        i32 = llir.IntType(32)
-        states = _rng_states_pointer(builder)
-        tid = builder.add(builder.mul(_sreg(builder, "ctaid.x"), _sreg(builder, "ntid.x")), _sreg(builder, "tid.x"))
-        ptr = builder.gep(states, [tid])
-        x = builder.load(ptr)
-        x = builder.xor(x, builder.shl(x, i32(13)))
-        x = builder.xor(x, builder.lshr(x, i32(17)))
-        x = builder.xor(x, builder.shl(x, i32(5)))
-        builder.store(x, ptr)
-        return x
-    return types.uint32(), codegen
-
-
 # -- atomics ------------------------------------------------------------------------------------------
 
 def is_cuda_context(context) -> bool:

@@ -22,6 +22,7 @@ from .fuse_tasks import FuseAdjacentTasks
 from .inline_funcs import InlineFuncs
 from .offload import Offload
 from .plan_tasks import PlanTasks
+from .random_streams import BindRandomStreams
 from .resolve_globals import CheckGlobals, ResolveGlobals
 from .rewrite_subscripts import RewriteSubscripts
 from .verify import verify_final, verify_ir
@@ -45,7 +46,7 @@ UNTYPED_PIPELINE = (
     Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, FoldStatic, RemoveDeadPure), fixed_point=True),
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
-    Stage("tasks", (Offload, FuseAdjacentTasks, PlanTasks)),
+    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),
 )
 
 

@@ -161,15 +161,6 @@ class CudaRuntime:
         self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
         install_cuda_ufunc_math_fallbacks()
         self.plan_builds = 0
-        self.seed_rng(config.current.random_seed)
-
-    def seed_rng(self, seed) -> None:
-        """One xorshift32 state per resident thread (``qd.random`` on the device; launches never
-        exceed the occupancy limit, so the global thread index selects a state)."""
-        gen = np.random.default_rng(seed)
-        states = gen.integers(1, 2**32, self.max_threads, dtype=np.uint64).astype(np.uint32)
-        self._rng_dev = self.cuda.to_device(states)
-        self.rng_ptr = int(self._rng_dev.device_ctypes_pointer.value)
 
     @classmethod
     def get(cls) -> CudaRuntime:
@@ -215,10 +206,6 @@ class CudaRuntime:
         self.context  # noqa: B018  (numba made the primary context current in this thread)
         module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         fn = _check(drv.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
-        err, dptr, size = drv.cuModuleGetGlobal(module, device.RNG_STATES_SYMBOL.encode())
-        if int(err) == 0:  # the module uses qd.random: point it at the generator states
-            value = ctypes.c_uint64(self.rng_ptr)
-            _check(drv.cuMemcpyHtoD(dptr, ctypes.addressof(value), 8), "cuMemcpyHtoD")
         return module, fn
 
 
@@ -303,6 +290,10 @@ def array_view(a, where: str) -> ArrayView:
         strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
         ptr, readonly = cai["data"]
         return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+    if hasattr(a, "__array_interface__"):
+        raise QuadrantsTypeError(f"{where}: a host array ({type(a).__name__}, through __array_interface__) cannot be "
+                                 "passed to a CUDA kernel; pass a numpy array (copied to the GPU and back) or a CUDA "
+                                 "array")
     if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
         return _dlpack_view(a, where)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "

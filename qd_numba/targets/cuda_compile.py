@@ -533,7 +533,6 @@ def compile_task_to_cubin(
             with profiler.stage("typing + lowering"):  # compile records (profiler.py)
                 cres = pipeline.compile_ir(func_ir=func_ir)
                 lib = cres.library
-                _define_declared_globals(lib, cres.target_context)
                 lib.finalize()
             entry = cres.fndesc.llvm_func_name
             kernel = lib.get_function(entry)
@@ -573,20 +572,6 @@ def compile_task_to_cubin(
         error_symbol=kernel.name + "__errcode__" if debug or exceptions else None,
         exception_of=cres.call_helper.get_exception if debug or exceptions else None,
     )
-
-
-def _define_declared_globals(lib: Any, target_context: Any) -> None:
-    """Define, once per kernel, the device globals qd_numba's intrinsics declare (the RNG state
-    pointer): its modules only declare them, so that device functions can share them."""
-    from ..lowering.device import RNG_STATES_SYMBOL, rng_definition_module
-
-    for mod in lib.modules:
-        if mod.globals.get(RNG_STATES_SYMBOL) is not None:
-            codegen = target_context.codegen()
-            helper = codegen.create_library("qd_rng_states")
-            helper.add_ir_module(rng_definition_module(codegen._create_empty_module("qd_rng_states")))
-            lib.add_linking_library(helper)
-            return
 
 
 _NRT_EXTERN = re.compile(r"\.extern\s+\.func\s+(?:\s*\(.+\)\s*)?(NRT_\w+)\s*\([^)]*\)\s*;")

@@ -406,10 +406,7 @@ class Kernel:
                 types_[p.name] = p.nbtype
             else:
                 if isinstance(a, Field):
-                    raise QuadrantsTypeError(
-                        f"{where}: got the field {a!r}, but a qd.types.ndarray() parameter takes a numpy array "
-                        "or a qd.ndarray; fields are global: use the field in the kernel directly, or declare "
-                        f"the parameter as '{p.name}: qd.template()' to pass fields")
+                    raise QuadrantsTypeError(field_for_ndarray_message(where, a))
                 types_[p.name] = _ndarray_type(where, p.annotation, a, debug)
         return types_, templates
 
@@ -506,6 +503,12 @@ def field_type(f: ArrayData, debug: bool) -> FieldType:
                      kind="field" if not isinstance(f, Ndarray) else "ndarray")
 
 
+def field_for_ndarray_message(where: str, field) -> str:
+    return (f"{where}: got the field {field!r}, but a qd.types.ndarray() parameter takes a numpy array or a "
+            "qd.ndarray; fields are global: use the field in the kernel directly, or declare the parameter "
+            "as qd.template() to pass fields")
+
+
 def _where(kernel, param) -> str:
     return f"kernel '{kernel.name}', argument '{param.name}'"
 
@@ -542,6 +545,8 @@ def host_array(a, where: str) -> np.ndarray:
     if hasattr(a, "__cuda_array_interface__"):
         raise QuadrantsTypeError(f"{where}: a CUDA array ({type(a).__name__}) cannot be passed to a kernel on "
                                  "qd.cpu; use qd.init(arch=qd.cuda)")
+    if isinstance(a, Field):
+        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy array, qd.ndarray, CPU torch tensor, or an "
                              f"object with __array_interface__ or __dlpack__), got {type(a).__name__}")
 

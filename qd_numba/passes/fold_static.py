@@ -6,6 +6,9 @@
   removed (so the dead side of ``if qd.static(...)`` is never typed).
 * ``for x in qd.static(iterable)`` is unrolled: one copy of the body per element, with the
   loop target bound to that element (ints, fields, funcs, tuples of them).
+
+It also puts every ``for`` loop in the shape :func:`loop_shape` recognises (the header is the
+block that calls ``iternext``; see :func:`bypass_jump_only_headers`), for itself and Offload.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ class FoldStatic:
     name = "fold_static"
 
     def run(self, state) -> bool:
-        changed = self._fold_calls(state)
+        changed = bypass_jump_only_headers(state)
+        changed |= self._fold_calls(state)
         changed |= self._fold_branches(state)
         while self._unroll_one_loop(state):
             changed = True
@@ -170,8 +174,43 @@ class LoopShape:
         self.__dict__.update(kw)
 
 
+def bypass_jump_only_headers(state) -> bool:
+    """Make the predecessors of a loop header that only jumps on jump straight to its target.
+
+    CPython prefixes a loop's ``FOR_ITER`` with ``EXTENDED_ARG`` once its exit is more than 255
+    code units away (a body of ~40 statements or more); the prefix is a jump target, so Numba
+    makes it a block of its own that just jumps to the ``iternext`` block. Bypassing such
+    blocks (whatever produced them, chains included) leaves the ``iternext`` block as the
+    header, the shape :func:`loop_shape` describes on every Python version."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    entry = min(blocks)
+    changed = False
+    while True:
+        cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
+        headers = [h for h in cfg.loops() if h != entry and _jump_only(ir, blocks[h])
+                   and blocks[h].body[-1].target != h]
+        if not headers:
+            break
+        header = headers[0]
+        target = blocks[header].body[-1].target
+        for pred, _ in cfg.predecessors(header):
+            _retarget(ir, blocks[pred], {header: target})
+        del blocks[header]
+        changed = True
+    if changed:
+        state.refresh_definitions()
+    return changed
+
+
+def _jump_only(ir, block) -> bool:
+    return len(block.body) == 1 and isinstance(block.body[0], ir.Jump)
+
+
 def loop_shape(state, header, loop):
-    """Describe a ``for`` loop (getiter/iternext form), or None for ``while`` loops."""
+    """Describe a ``for`` loop (getiter/iternext form), or None for ``while`` loops.
+
+    Expects loop headers without a jump-only prefix (:func:`bypass_jump_only_headers`)."""
     ir = state.ir
     blocks = state.func_ir.blocks
     hblock = blocks[header]

@@ -27,7 +27,7 @@ from ..lowering import spaces, subscripts
 from ..task import Task
 from .base import MISSING, is_global_data, try_static
 from .dead_code import remove_dead_pure
-from .fold_static import loop_shape
+from .fold_static import bypass_jump_only_headers, loop_shape
 
 
 @dataclasses.dataclass
@@ -58,6 +58,7 @@ class Offload:
     def run(self, state) -> bool:
         analysis = state.tools.analysis
         state.refresh_definitions()
+        bypassed = bypass_jump_only_headers(state)  # FoldStatic did; Offload must not depend on it
         cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
         state.loops, state.tasks = [], []
@@ -85,7 +86,7 @@ class Offload:
         self._check_live_outs(state)
         self._insert_serial_tasks(state, covered)
         state.refresh_definitions()
-        return bool(state.loops)
+        return bypassed or bool(state.loops)
 
     # -- checks ----------------------------------------------------------------------------
     def _check_exits(self, state, shape, loop):

@@ -151,3 +151,98 @@ def test_static_loop_with_long_body_is_unrolled(rng):
     np.testing.assert_allclose(a, refs[2], rtol=1e-12)
     np.testing.assert_allclose(b, np.stack(refs), rtol=1e-12)
 
+
+# -- one name, several top-level loops ------------------------------------------------------------
+
+@qd.kernel
+def reuse_in_nested(a: qd.types.ndarray(dtype=qd.f64, ndim=1), c: qd.f64):
+    for i in range(a.shape[0]):
+        a[i] = a[i] * c
+    for i in range(a.shape[0]):
+        for d in range(2):
+            a[i] += c + d
+
+
+def test_loop_variable_reused_in_a_nested_loop(rng):
+    a = rng.uniform(-2, 2, 17)
+    c = float(rng.uniform(0.5, 2))
+    ref = a * c + 2 * c + 1
+    reuse_in_nested(a, c)
+    np.testing.assert_allclose(a, ref, rtol=1e-12)
+    assert [t.kind for t in reuse_in_nested.tasks(a, c)] == ["range_for", "range_for"]
+
+
+@qd.kernel
+def reuse_three_times(a: qd.types.ndarray(dtype=qd.f64, ndim=1), b: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+    for i in range(a.shape[0]):
+        t = a[i] + 1.0
+        a[i] = t * t
+    for i in F:
+        t = F[i] * 0.5
+        for _k in range(3):
+            t += i * 0.25
+        F[i] = t
+    for i in range(b.shape[0]):
+        t = b[i]
+        for _k in range(i % 4):
+            t = t * 2.0 - a[i % a.shape[0]]
+        b[i] = t
+
+
+def test_loop_variable_and_local_reused_in_three_loops(rng):
+    a, b, fd = rng.uniform(-2, 2, 9), rng.uniform(-2, 2, 21), rng.uniform(-2, 2, F.shape)
+    F.from_numpy(fd)
+    ref_a = (a + 1) ** 2
+    ref_f = fd * 0.5 + np.arange(F.shape[0]) * 0.75
+    ref_b = b.copy()
+    for i in range(b.shape[0]):
+        for _ in range(i % 4):
+            ref_b[i] = ref_b[i] * 2 - ref_a[i % a.shape[0]]
+    reuse_three_times(a, b)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-12)
+    np.testing.assert_allclose(F.to_numpy(), ref_f, rtol=1e-12)
+    np.testing.assert_allclose(b, ref_b, rtol=1e-12)
+    assert [t.kind for t in reuse_three_times.tasks(a, b)] == ["range_for"] * 3
+
+
+@qd.kernel
+def reuse_outer_name_as_inner(a: qd.types.ndarray(dtype=qd.f64, ndim=2), s: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+    for j in range(s.shape[0]):
+        s[j] = s[j] + j
+    for i in range(a.shape[0]):
+        acc = 0.0
+        for j in range(a.shape[1]):
+            for _half in range(2):
+                acc += a[i, j] * (j + 1) * 0.5
+        for i2 in range(2):
+            for j in range(i2 + 1):
+                acc += j
+        s[i] += acc
+
+
+def test_inner_loop_reuses_the_name_of_another_top_level_loop(rng):
+    a, s = rng.uniform(-2, 2, (6, 5)), rng.uniform(-2, 2, 8)
+    ref = s + np.arange(8)
+    ref[:6] += a @ np.arange(1, 6) + 1
+    reuse_outer_name_as_inner(a, s)
+    np.testing.assert_allclose(s, ref, rtol=1e-12)
+
+
+@qd.kernel
+def reuse_ndrange_targets(a: qd.types.ndarray(dtype=qd.f64, ndim=2)):
+    for i, j in qd.ndrange(a.shape[0], a.shape[1]):
+        a[i, j] = a[i, j] + i - j
+    for i, j in qd.ndrange(a.shape[0], a.shape[1]):
+        for _k in range(j):
+            a[i, j] += i * 0.5
+    for i, j in a:
+        a[i, j] *= 2.0
+
+
+def test_ndrange_targets_reused(rng):
+    a = rng.uniform(-2, 2, (5, 7))
+    ii, jj = np.meshgrid(np.arange(5), np.arange(7), indexing="ij")
+    ref = (a + ii - jj + jj * ii * 0.5) * 2
+    reuse_ndrange_targets(a)
+    np.testing.assert_allclose(a, ref, rtol=1e-12)
+    assert [t.kind for t in reuse_ndrange_targets.tasks(a)] == ["range_for"] * 3

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .field import ArrayData, Ndarray, element_shape
 from .passes.array_access import DirectArrayAccess
+from .passes.asserts import RewriteAsserts
 from .passes.base import CompileState, IRTools, copy_ir, dump_ir
 from .passes.bind_arguments import BindArguments
 from .passes.check_writes import CheckReadonlyWrites, is_readonly
@@ -437,7 +438,7 @@ class Kernel:
 
 
 def run_untyped_pipeline(state) -> None:
-    """BindArguments, then (ResolveGlobals, InlineFuncs, FoldStatic) to a fixed point, then
+    """BindArguments, then (ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic) to a fixed point, then
     RewriteSubscripts, Offload and fusion; the IR is verified after every pass (passes/verify.py)."""
     stages = []
 
@@ -453,6 +454,7 @@ def run_untyped_pipeline(state) -> None:
     for _ in range(64):
         changed = run(ResolveGlobals())
         changed |= run(InlineFuncs())
+        changed |= run(RewriteAsserts())
         changed |= run(FoldStatic())
         changed |= run(RemoveDeadPure())
         if not changed:
@@ -469,7 +471,7 @@ def run_untyped_pipeline(state) -> None:
     verify_final(state, "the untyped pipeline")
 
 
-PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "fold_static", "rewrite_subscripts",
+PIPELINE = ("bind_arguments", "resolve_globals", "inline_funcs", "rewrite_asserts", "fold_static", "rewrite_subscripts",
             "check_readonly_writes", "direct_array_access", "offload", "cpu.build_driver", "numba typing + lowering")
 
 

@@ -242,3 +242,82 @@ def test_cuda_failed_assert_raises_with_message_and_line(rng):
     finally:
         qd.init()
 
+
+# -- compile time: qd.static_print, qd.static_assert --------------------------------------------------------
+
+SHAPED = qd.field(qd.f32, shape=(4, 3))
+
+
+@qd.kernel
+def printing(a: qd.types.ndarray(dtype=qd.f64, ndim=1), scale: qd.template()):
+    qd.static_print("shape", SHAPED.shape, "scale", scale, sep="|")
+    for i in range(a.shape[0]):
+        for k in qd.static(range(2)):
+            qd.static_print("unrolled", k, i)
+            a[i] += scale * k
+
+
+def test_static_print_prints_once_per_compile(capsys, rng):
+    a = rng.uniform(-1, 1, 8)
+    ref = a + 2.0
+    printing(a, 2.0)
+    printing(a, 2.0)  # the same instance: no compile, no print
+    np.testing.assert_allclose(a, ref + 2.0, rtol=1e-12)
+    assert capsys.readouterr().out == "shape|(4, 3)|scale|2.0\nunrolled 0 <runtime i>\nunrolled 1 <runtime i>\n"
+    printing(a, 3.0)  # a new template value: a new compile
+    assert capsys.readouterr().out.startswith("shape|(4, 3)|scale|3.0\n")
+
+
+@qd.func
+def row_sum(i, n: qd.template()):
+    qd.static_assert(n <= SHAPED.shape[1], "n exceeds the row length")
+    s = 0.0
+    for j in qd.static(range(n)):
+        s += SHAPED[i, j]
+    return s
+
+
+@qd.kernel
+def row_sums(out: qd.types.ndarray(dtype=qd.f64, ndim=1), n: qd.template()):
+    qd.static_assert(len(SHAPED.shape) == 2)
+    for i in range(SHAPED.shape[0]):
+        if qd.static(n > 100):
+            qd.static_assert(False, "never compiled")
+        out[i] = row_sum(i, n)
+
+
+def test_static_assert_passes_and_the_kernel_runs(rng):
+    d = rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+    SHAPED.from_numpy(d)
+    out = np.zeros(4)
+    row_sums(out, 2)
+    np.testing.assert_allclose(out, d[:, :2].astype(np.float64).sum(1), rtol=1e-6)
+
+
+def test_static_assert_failure_names_kernel_message_and_line():
+    with pytest.raises(qd.QuadrantsCompilationError) as info:
+        row_sums(np.zeros(4), 5)
+    path, line = _line_of(row_sum.fn, "qd.static_assert")
+    text = str(info.value)
+    assert "row_sums" in text and "static assertion failed: n exceeds the row length" in text
+    assert f'File "{path}", line {line}' in text
+
+
+def test_static_assert_of_a_runtime_value_is_an_error():
+    @qd.kernel
+    def runtime_cond(a: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        qd.static_assert(a.shape[0] == 3)
+        for i in range(a.shape[0]):
+            a[i] = 1.0
+
+    with pytest.raises(qd.QuadrantsCompilationError, match="known at compile time") as info:
+        runtime_cond(np.zeros(3))
+    assert isinstance(info.value, qd.QuadrantsSyntaxError)
+
+
+def test_static_print_and_assert_in_python_scope(capsys):
+    qd.static_print("x", 1)
+    assert capsys.readouterr().out == "x 1\n"
+    qd.static_assert(2 > 1)
+    with pytest.raises(qd.QuadrantsCompilationError, match="static assertion failed: no"):
+        qd.static_assert(1 > 2, "no")

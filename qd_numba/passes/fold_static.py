@@ -6,6 +6,9 @@
   removed (so the dead side of ``if qd.static(...)`` is never typed).
 * ``for x in qd.static(iterable)`` is unrolled: one copy of the body per element, with the
   loop target bound to that element (ints, fields, funcs, tuples of them).
+* ``qd.static_print(...)`` prints and ``qd.static_assert(cond, msg)`` checks, once per
+  compile, after unrolling (so each unrolled copy prints its own values); both calls are
+  removed. The CUDA compile check (a second compile on the CPU arch) does not print again.
 
 It also puts every ``for`` loop in the shape :func:`loop_shape` recognises (the header is the
 block that calls ``iternext``; see :func:`bypass_jump_only_headers`), for itself and Offload.
@@ -13,8 +16,10 @@ block that calls ``iternext``; see :func:`bypass_jump_only_headers`), for itself
 
 from __future__ import annotations
 
-from ..errors import QuadrantsSyntaxError
+from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
 from ..lang import static as qd_static
+from ..lang import static_assert as qd_static_assert
+from ..lang import static_print as qd_static_print
 from .base import MISSING, copy_ir, try_static
 
 
@@ -27,6 +32,7 @@ class FoldStatic:
         changed |= self._fold_branches(state)
         while self._unroll_one_loop(state):
             changed = True
+        changed |= self._run_static_prints_and_asserts(state)
         if changed:
             state.refresh_definitions()
         return changed
@@ -53,6 +59,27 @@ class FoldStatic:
                 changed = True
         if changed:
             state.refresh_definitions()
+        return changed
+
+    # -- qd.static_print / qd.static_assert ----------------------------------------------------
+    def _run_static_prints_and_asserts(self, state) -> bool:
+        ir = state.ir
+        changed = False
+        state.refresh_definitions()
+        for block in state.func_ir.blocks.values():
+            for k, stmt in enumerate(block.body):
+                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
+                        and stmt.value.op == "call"):
+                    continue
+                fn = try_static(state, stmt.value.func)
+                if fn is qd_static_print:
+                    _static_print(state, stmt.value, stmt.loc)
+                elif fn is qd_static_assert:
+                    _static_assert(state, stmt.value, stmt.loc)
+                else:
+                    continue
+                block.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
+                changed = True
         return changed
 
     # -- branches ---------------------------------------------------------------------------
@@ -131,6 +158,65 @@ class FoldStatic:
         for lbl in shape.body:
             del blocks[lbl]
         remove_unreachable(state)
+
+
+def _static_print(state, call, loc) -> None:
+    args = [_printable(state, a) for a in call.args]
+    if call.vararg is not None:
+        more = try_static(state, call.vararg)
+        if more is MISSING:
+            raise state.error(QuadrantsSyntaxError, "qd.static_print(*args): args must be known at compile time", loc)
+        args.extend(more)
+    kws = {}
+    for name, var in call.kws:
+        kws[name] = try_static(state, var)
+        if kws[name] is MISSING:
+            raise state.error(QuadrantsSyntaxError, f"qd.static_print({name}=...) must be known at compile time", loc)
+    # the CUDA compile check is a second compile of a CPU kernel: it stays quiet
+    if state.tools.flavour == "numba.core" or state.config.arch != "cpu":
+        qd_static_print(*args, **kws)
+
+
+class _Runtime:
+    """How ``qd.static_print`` shows a value known only at run time."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"<runtime {self.name}>"
+
+    __str__ = __repr__
+
+
+def _printable(state, var):
+    value = try_static(state, var)
+    if value is MISSING:
+        return _Runtime("value" if state.is_temp(var) else var.name)
+    return value
+
+
+def _static_assert(state, call, loc) -> None:
+    bound = dict(zip(("cond", "msg"), call.args))
+    for name, var in call.kws:
+        if name not in ("cond", "msg") or name in bound:
+            bound = {}
+            break
+        bound[name] = var
+    if "cond" not in bound or len(call.args) > 2 or call.vararg is not None:
+        raise state.error(QuadrantsSyntaxError, "qd.static_assert(cond, msg=None) takes a condition and a message",
+                          loc)
+    cond = try_static(state, bound["cond"], permissive=True)
+    if cond is MISSING:
+        raise state.error(QuadrantsSyntaxError, "the condition of qd.static_assert() must be known at compile time",
+                          loc)
+    msg = try_static(state, bound["msg"], permissive=True) if "msg" in bound else None
+    if msg is MISSING:
+        raise state.error(QuadrantsSyntaxError, "the message of qd.static_assert() must be known at compile time",
+                          loc)
+    if not cond:
+        raise state.error(QuadrantsCompilationError,
+                          "static assertion failed" + (f": {msg}" if msg is not None else ""), loc)
 
 
 def _body_private_names(ir, blocks, shape, body_labels) -> set:

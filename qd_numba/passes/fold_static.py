@@ -272,17 +272,23 @@ def bypass_jump_only_headers(state) -> bool:
     blocks = state.func_ir.blocks
     entry = min(blocks)
     changed = False
-    while True:
+    while True:  # again only if a bypassed block jumped to a block that only jumps on
         cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
-        headers = [h for h in cfg.loops() if h != entry and _jump_only(ir, blocks[h])
-                   and blocks[h].body[-1].target != h]
-        if not headers:
+        jumps = {h: blocks[h].body[-1].target for h in cfg.loops() if h != entry and _jump_only(ir, blocks[h])}
+        bypass = {}
+        for header, target in jumps.items():
+            seen = {header}
+            while target in jumps and target not in seen:  # a chain of such headers
+                seen.add(target)
+                target = jumps[target]
+            if target not in seen:  # not an empty endless loop
+                bypass[header] = target
+        if not bypass:
             break
-        header = headers[0]
-        target = blocks[header].body[-1].target
-        for pred, _ in cfg.predecessors(header):
-            _retarget(ir, blocks[pred], {header: target})
-        del blocks[header]
+        for block in blocks.values():
+            _retarget(ir, block, bypass)
+        for header in bypass:
+            del blocks[header]
         changed = True
     if changed:
         state.refresh_definitions()

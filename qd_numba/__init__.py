@@ -60,6 +60,8 @@ from .lang import (
     ndrange,
     random,
     static,
+    static_assert,
+    static_print,
     sync,
 )
 from .math import (

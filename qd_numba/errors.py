@@ -43,7 +43,15 @@ class QuadrantsIndexError(QuadrantsCompilationError, IndexError):
 
 
 class QuadrantsAssertionError(QuadrantsError, AssertionError):
-    """A failed ``assert`` in a kernel compiled with ``debug=True``."""
+    """A failed ``assert`` in a kernel compiled with ``debug=True``.
+
+    Raised from compiled code as ``(template, *values)`` when the assert's f-string message
+    has values known only at run time; the message is ``template.format(*values)``."""
+
+    def __str__(self):
+        if len(self.args) > 1 and isinstance(self.args[0], str):
+            return self.args[0].format(*self.args[1:])
+        return super().__str__()
 
 
 class QuadrantsRuntimeError(QuadrantsError, RuntimeError):

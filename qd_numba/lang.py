@@ -1,5 +1,5 @@
 """Language constructs that kernels use by name: ``qd.ndrange``, ``qd.grouped``, ``qd.static``,
-``qd.atomic_*``, ``qd.random``, ``qd.loop_config``.
+``qd.static_print``, ``qd.static_assert``, ``qd.atomic_*``, ``qd.random``, ``qd.loop_config``.
 
 Inside kernels most of these are compile-time markers: the passes recognise the objects
 defined here (by identity) and rewrite them — ``qd.static`` is folded, ``ndrange``/``grouped``
@@ -16,7 +16,7 @@ from numba.core import types
 from numba.extending import overload
 
 from . import config
-from .errors import QuadrantsSyntaxError, QuadrantsTypeError, typing_error
+from .errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 
 
 def ndrange(*dims):
@@ -37,6 +37,20 @@ def grouped(iterable):
 def static(value, *more):
     """Evaluate at compile time (``if qd.static(cond)``, ``for i in qd.static(range(3))``)."""
     return (value, *more) if more else value
+
+
+def static_print(*args, sep=" ", end="\n"):
+    """Print at compile time: in a kernel, once per compiled instance, with the values known at
+    compile time (runtime values print as ``<runtime name>``)."""
+    print(*args, sep=sep, end=end)
+
+
+def static_assert(cond, msg=None):
+    """Check ``cond`` at compile time: in a kernel, a false or non-static condition is a
+    ``QuadrantsCompilationError`` naming the kernel and the line."""
+    if not cond:
+        raise QuadrantsCompilationError(f"static assertion failed: {msg}" if msg is not None
+                                        else "static assertion failed")
 
 
 def loop_config(*, serialize: bool = False, block_dim: int | None = None, parallelize: int | None = None):

@@ -9,12 +9,20 @@ launcher decodes with :func:`device_exception` whichever function raised them. A
 of the exception's class and arguments, so it is the same in every process: compiled code stays
 valid in another process (the disk cache), which re-registers what it loads with
 :func:`register_device_code`.
+
+:func:`assert_failed` is what a failed ``assert`` calls in debug mode (passes/asserts.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+
+from numba.core import cgutils, types
+from numba.core.imputils import lower_constant
+from numba.extending import intrinsic, models, register_model, typeof_impl
+
+from ..errors import QuadrantsAssertionError
 
 DEVICE_CODE_BASE = 1 << 20
 _CODE_SPACE = (1 << 31) - DEVICE_CODE_BASE   # codes are positive int32 values
@@ -67,3 +75,73 @@ def raise_user_error(context, builder, exc: type, args: tuple) -> None:
         conv._return_errcode_raw(builder, device_code(exc, args))
     else:
         conv.return_user_exc(builder, exc, args)
+
+
+class AssertMessage:
+    """The message of a failed ``assert``, a compile-time constant: ``template.format(*values)``
+    where the values are the f-string's, known at run time; ``names`` are their source
+    expressions, shown in their place where values cannot travel (CUDA status codes)."""
+
+    def __init__(self, template: str, names: tuple):
+        self.template, self.names = template, tuple(names)
+
+    def static_text(self) -> str:
+        return self.template.format(*(f"{{{name}}}" for name in self.names))
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class AssertMessageType(types.Dummy):
+    def __init__(self, message: AssertMessage):
+        self.message = message
+        super().__init__(name=f"qd.assert_message({message.template!r}, {message.names})")
+
+    @property
+    def key(self):
+        return self.message.template, self.message.names
+
+
+@typeof_impl.register(AssertMessage)
+def _typeof_assert_message(val, c):
+    return AssertMessageType(val)
+
+
+register_model(AssertMessageType)(models.OpaqueModel)
+
+
+@lower_constant(AssertMessageType)
+def _lower_assert_message(context, builder, ty, pyval):
+    return context.get_dummy_value()
+
+
+_STAR = (types.StarArgTuple, types.StarArgUniTuple)
+
+
+@intrinsic
+def assert_failed(typingctx, message, *values):
+    """Raise ``QuadrantsAssertionError`` with ``message`` formatted with ``values`` (numbers
+    and booleans are formatted on the host; on CUDA, and for other values, their source
+    expressions stand in)."""
+    if len(values) == 1 and isinstance(values[0], _STAR):
+        values = tuple(values[0])
+    if not isinstance(message, AssertMessageType):
+        return None
+    msg = message.message
+    dynamic = bool(values) and all(isinstance(t, (types.Number, types.Boolean)) for t in values)
+
+    def codegen(context, builder, sig, llargs):
+        tys = sig.args[1:]
+        vals = llargs[1:]
+        if len(tys) == 1 and isinstance(tys[0], _STAR):
+            tys, vals = tuple(tys[0]), cgutils.unpack_tuple(builder, vals[0], len(tys[0]))
+        conv = call_conv(context)
+        with cgutils.if_unlikely(builder, cgutils.true_bit):
+            if dynamic and not _codes_only(conv):
+                conv.return_dynamic_user_exc(builder, QuadrantsAssertionError, (msg.template, *vals),
+                                             (None, *tys))
+            else:
+                raise_user_error(context, builder, QuadrantsAssertionError, (msg.static_text(),))
+        return context.get_dummy_value()
+
+    return types.none(message, types.StarArgTuple.from_types(values)), codegen

@@ -6,12 +6,20 @@
   removed (so the dead side of ``if qd.static(...)`` is never typed).
 * ``for x in qd.static(iterable)`` is unrolled: one copy of the body per element, with the
   loop target bound to that element (ints, fields, funcs, tuples of them).
+* ``qd.static_print(...)`` prints and ``qd.static_assert(cond, msg)`` checks, once per
+  compile, after unrolling (so each unrolled copy prints its own values); both calls are
+  removed. The CUDA compile check (a second compile on the CPU arch) does not print again.
+
+It also puts every ``for`` loop in the shape :func:`loop_shape` recognises (the header is the
+block that calls ``iternext``; see :func:`bypass_jump_only_headers`), for itself and Offload.
 """
 
 from __future__ import annotations
 
-from ..errors import QuadrantsSyntaxError
+from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
 from ..lang import static as qd_static
+from ..lang import static_assert as qd_static_assert
+from ..lang import static_print as qd_static_print
 from .base import MISSING, copy_ir, try_static
 
 
@@ -19,10 +27,12 @@ class FoldStatic:
     name = "fold_static"
 
     def run(self, state) -> bool:
-        changed = self._fold_calls(state)
+        changed = bypass_jump_only_headers(state)
+        changed |= self._fold_calls(state)
         changed |= self._fold_branches(state)
         while self._unroll_one_loop(state):
             changed = True
+        changed |= self._run_static_prints_and_asserts(state)
         if changed:
             state.refresh_definitions()
         return changed
@@ -49,6 +59,27 @@ class FoldStatic:
                 changed = True
         if changed:
             state.refresh_definitions()
+        return changed
+
+    # -- qd.static_print / qd.static_assert ----------------------------------------------------
+    def _run_static_prints_and_asserts(self, state) -> bool:
+        ir = state.ir
+        changed = False
+        state.refresh_definitions()
+        for block in state.func_ir.blocks.values():
+            for k, stmt in enumerate(block.body):
+                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
+                        and stmt.value.op == "call"):
+                    continue
+                fn = try_static(state, stmt.value.func)
+                if fn is qd_static_print:
+                    _static_print(state, stmt.value, stmt.loc)
+                elif fn is qd_static_assert:
+                    _static_assert(state, stmt.value, stmt.loc)
+                else:
+                    continue
+                block.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
+                changed = True
         return changed
 
     # -- branches ---------------------------------------------------------------------------
@@ -129,6 +160,65 @@ class FoldStatic:
         remove_unreachable(state)
 
 
+def _static_print(state, call, loc) -> None:
+    args = [_printable(state, a) for a in call.args]
+    if call.vararg is not None:
+        more = try_static(state, call.vararg)
+        if more is MISSING:
+            raise state.error(QuadrantsSyntaxError, "qd.static_print(*args): args must be known at compile time", loc)
+        args.extend(more)
+    kws = {}
+    for name, var in call.kws:
+        kws[name] = try_static(state, var)
+        if kws[name] is MISSING:
+            raise state.error(QuadrantsSyntaxError, f"qd.static_print({name}=...) must be known at compile time", loc)
+    # the CUDA compile check is a second compile of a CPU kernel: it stays quiet
+    if state.tools.flavour == "numba.core" or state.config.arch != "cpu":
+        qd_static_print(*args, **kws)
+
+
+class _Runtime:
+    """How ``qd.static_print`` shows a value known only at run time."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"<runtime {self.name}>"
+
+    __str__ = __repr__
+
+
+def _printable(state, var):
+    value = try_static(state, var)
+    if value is MISSING:
+        return _Runtime("value" if state.is_temp(var) else var.name)
+    return value
+
+
+def _static_assert(state, call, loc) -> None:
+    bound = dict(zip(("cond", "msg"), call.args))
+    for name, var in call.kws:
+        if name not in ("cond", "msg") or name in bound:
+            bound = {}
+            break
+        bound[name] = var
+    if "cond" not in bound or len(call.args) > 2 or call.vararg is not None:
+        raise state.error(QuadrantsSyntaxError, "qd.static_assert(cond, msg=None) takes a condition and a message",
+                          loc)
+    cond = try_static(state, bound["cond"], permissive=True)
+    if cond is MISSING:
+        raise state.error(QuadrantsSyntaxError, "the condition of qd.static_assert() must be known at compile time",
+                          loc)
+    msg = try_static(state, bound["msg"], permissive=True) if "msg" in bound else None
+    if msg is MISSING:
+        raise state.error(QuadrantsSyntaxError, "the message of qd.static_assert() must be known at compile time",
+                          loc)
+    if not cond:
+        raise state.error(QuadrantsCompilationError,
+                          "static assertion failed" + (f": {msg}" if msg is not None else ""), loc)
+
+
 def _body_private_names(ir, blocks, shape, body_labels) -> set:
     """Variables defined in the loop body (or the loop target) and never mentioned outside it."""
     defined = {shape.index_var.name}
@@ -170,8 +260,49 @@ class LoopShape:
         self.__dict__.update(kw)
 
 
+def bypass_jump_only_headers(state) -> bool:
+    """Make the predecessors of a loop header that only jumps on jump straight to its target.
+
+    CPython prefixes a loop's ``FOR_ITER`` with ``EXTENDED_ARG`` once its exit is more than 255
+    code units away (a body of ~40 statements or more); the prefix is a jump target, so Numba
+    makes it a block of its own that just jumps to the ``iternext`` block. Bypassing such
+    blocks (whatever produced them, chains included) leaves the ``iternext`` block as the
+    header, the shape :func:`loop_shape` describes on every Python version."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    entry = min(blocks)
+    changed = False
+    while True:  # again only if a bypassed block jumped to a block that only jumps on
+        cfg = state.tools.analysis.compute_cfg_from_blocks(blocks)
+        jumps = {h: blocks[h].body[-1].target for h in cfg.loops() if h != entry and _jump_only(ir, blocks[h])}
+        bypass = {}
+        for header, target in jumps.items():
+            seen = {header}
+            while target in jumps and target not in seen:  # a chain of such headers
+                seen.add(target)
+                target = jumps[target]
+            if target not in seen:  # not an empty endless loop
+                bypass[header] = target
+        if not bypass:
+            break
+        for block in blocks.values():
+            _retarget(ir, block, bypass)
+        for header in bypass:
+            del blocks[header]
+        changed = True
+    if changed:
+        state.refresh_definitions()
+    return changed
+
+
+def _jump_only(ir, block) -> bool:
+    return len(block.body) == 1 and isinstance(block.body[0], ir.Jump)
+
+
 def loop_shape(state, header, loop):
-    """Describe a ``for`` loop (getiter/iternext form), or None for ``while`` loops."""
+    """Describe a ``for`` loop (getiter/iternext form), or None for ``while`` loops.
+
+    Expects loop headers without a jump-only prefix (:func:`bypass_jump_only_headers`)."""
     ir = state.ir
     blocks = state.func_ir.blocks
     hblock = blocks[header]

@@ -30,7 +30,7 @@ from ..task import Task
 from .base import MISSING, try_static
 from .bounds import task_bounds
 from .dead_code import remove_dead_pure
-from .fold_static import loop_shape
+from .fold_static import bypass_jump_only_headers, loop_shape
 from .plan_tasks import launched_headers, task_prefix
 
 
@@ -58,6 +58,7 @@ class Offload:
     def run(self, state) -> bool:
         analysis = state.tools.analysis
         state.refresh_definitions()
+        bypassed = bypass_jump_only_headers(state)  # FoldStatic did; Offload must not depend on it
         cfg = analysis.compute_cfg_from_blocks(state.func_ir.blocks)
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
         launched = launched_headers(state)
@@ -92,7 +93,7 @@ class Offload:
         state.refresh_definitions()
         state.tasks = [task.renumbered(task.index, bounds=task_bounds(state, lp.space_var, grouped=g))
                        for task, lp, g in zip(state.tasks, state.loops, grouped)]
-        return bool(preheaders)
+        return bypassed or bool(preheaders)
 
     # -- checks ----------------------------------------------------------------------------
     def _check_exits(self, state, shape, loop):

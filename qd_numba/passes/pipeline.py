@@ -13,6 +13,7 @@ import sys
 
 from ..errors import QuadrantsCompilationError
 from .array_access import DirectArrayAccess
+from .asserts import RewriteAsserts
 from .base import dump_ir
 from .bind_arguments import BindArguments
 from .check_writes import CheckReadonlyWrites
@@ -43,7 +44,8 @@ class Stage:
 
 UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
-    Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, FoldStatic, RemoveDeadPure), fixed_point=True),
+    Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic, RemoveDeadPure),
+          fixed_point=True),
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),

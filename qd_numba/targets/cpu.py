@@ -297,26 +297,39 @@ def _param_name(var_name: str, k: int) -> str:
     return f"v{k}_{clean}"
 
 
-def _live_ins(state, lp):
-    ir = state.ir
-    blocks = state.func_ir.blocks
-    defined_outside = set()
-    for lbl, block in blocks.items():
-        if lbl not in lp.body:
+class _Liveness:
+    """Per kernel, before the driver's preheaders are rewritten: the variables live at the
+    entry of each block, and the blocks that assign each variable."""
+
+    def __init__(self, state):
+        ir, analysis = state.ir, state.tools.analysis
+        blocks = state.func_ir.blocks
+        cfg = analysis.compute_cfg_from_blocks(blocks)
+        usedefs = analysis.compute_use_defs(blocks)
+        self.live_map = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
+        self.assigned_in = {}
+        for lbl, block in blocks.items():
             for stmt in block.body:
                 if isinstance(stmt, ir.Assign):
-                    defined_outside.add(stmt.target.name)
-    usedefs = state.tools.analysis.compute_use_defs({lbl: blocks[lbl] for lbl in lp.body})
-    used = set().union(*usedefs.usemap.values()) if usedefs.usemap else set()
-    live = sorted((used & defined_outside) - {lp.iter_var.name})
-    return live
+                    self.assigned_in.setdefault(stmt.target.name, set()).add(lbl)
+
+    def live_ins(self, state, lp):
+        """The driver variables a task reads: assigned outside the loop, live at its header and
+        read in its body. Liveness matters: a name that an earlier loop also assigned (``for i``
+        twice) is read in this body only after this loop assigned it, and the driver has no
+        value for it."""
+        usedefs = state.tools.analysis.compute_use_defs({lbl: state.func_ir.blocks[lbl] for lbl in lp.body})
+        used = set().union(*usedefs.usemap.values()) if usedefs.usemap else set()
+        live = set(self.live_map.get(lp.header, ()))
+        return sorted(name for name in used & live if name != lp.iter_var.name
+                      and not self.assigned_in.get(name, set()) <= lp.body)
 
 
-def build_task_function(state, lp, task, debug: bool) -> tuple[TaskFunction, list[str]]:
+def build_task_function(state, lp, task, debug: bool, liveness) -> tuple[TaskFunction, list[str]]:
     """A TaskFunction for one offloaded loop, and the names of the driver variables it needs."""
     ir = state.ir
     blocks = state.func_ir.blocks
-    live = _live_ins(state, lp)
+    live = liveness.live_ins(state, lp)
     params = ["qd_lo", "qd_hi"] + [_param_name(v, k) for k, v in enumerate(live)]
     stub = exec_stub(f"qd_task{task.index}", params)
     entry_block = blocks[lp.preheader]
@@ -359,9 +372,10 @@ def build_driver(state, debug: bool):
     blocks = state.func_ir.blocks
     task_functions = []
     by_index = {t.index: t for t in state.tasks}
+    liveness = _Liveness(state)  # before the loop below rewrites the preheaders
     for lp in state.loops:
         task = by_index[lp.task_index]
-        tf, live = build_task_function(state, lp, task, debug)
+        tf, live = build_task_function(state, lp, task, debug, liveness)
         task_functions.append(tf)
         pre = blocks[lp.preheader]
         loc = pre.body[-1].loc

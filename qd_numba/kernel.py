@@ -15,6 +15,7 @@ every kernel's compiled instances (:func:`forget_compiled`).
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 import threading
@@ -177,8 +178,27 @@ def _frontend(tools, fn, name):
         if not is_numba_error(e):  # Numba's or numba-cuda's
             raise
         if _is_numba_error_class(e, "NotDefinedError"):
-            raise located(QuadrantsNameError, f"in '{name}': {_unbound_local(fn, e.name)}", loc=e.loc) from None
+            loc = e.loc or _first_read(fn, e.name)   # numba-cuda's frontend gives no location
+            raise located(QuadrantsNameError, f"in '{name}': {_unbound_local(fn, e.name)}", loc=loc) from None
         raise QuadrantsSyntaxError(f"in '{name}': {e}") from None
+
+
+def _first_read(fn, name: str):
+    """The location of the first instruction of ``fn`` that reads the local ``name``, or None."""
+    import dis
+
+    from numba.core import ir as numba_ir
+
+    line = None
+    for ins in dis.get_instructions(fn):
+        current = getattr(ins, "line_number", None)     # Python >= 3.13
+        if current is None and not isinstance(ins.starts_line, bool):
+            current = ins.starts_line                   # Python <= 3.12: the line it starts, or None
+        line = current or line
+        if ins.opname.startswith("LOAD_FAST") and name in (ins.argval if isinstance(ins.argval, tuple)
+                                                         else (ins.argval,)):
+            return numba_ir.Loc(fn.__code__.co_filename, line) if line else None
+    return None
 
 
 def _unbound_local(fn, name: str) -> str:
@@ -637,6 +657,24 @@ def _raised_by_codegen(exc) -> bool:
     return where.startswith((os.path.join(here, "lowering") + os.sep, os.path.join(here, "typing") + os.sep))
 
 
+_REPORTED_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _reported_loc(text: str):
+    """The user's source location that a Numba report names (numba-cuda's reports carry it only
+    in their text): the last ``File "...", line N`` outside Numba and qd_numba, or None."""
+    import numba
+    from numba.core import ir as numba_ir
+
+    internal = (os.path.dirname(numba.__file__), os.path.dirname(os.path.abspath(__file__)))
+    found = None
+    for m in _REPORTED_FILE.finditer(_ANSI_ESCAPE.sub("", text)):
+        path = m.group("file")
+        if not os.path.abspath(path).startswith(internal) and "site-packages" not in path:
+            found = numba_ir.Loc(path, int(m.group("line")))
+    return found
+
+
 def is_numba_error(e) -> bool:
     """A Numba error, from Numba's CPU pipeline or numba-cuda's own copy of it."""
     if isinstance(e, numba_errors.NumbaError):
@@ -666,7 +704,7 @@ def compile_error(kernel_name, e, param_types, raw_errors: bool, pending_fallbac
 
 def _wrap_numba_error(kernel_name, e, pending, param_types=None):
     text = str(e)
-    loc = getattr(e, "loc", None)
+    loc = getattr(e, "loc", None) or _reported_loc(text) or _source_loc(e)
     if pending is not None:
         return located(type(pending), str(pending), kernel_name, loc)
     readonly = [name for name, ty in (param_types or {}).items() if is_readonly(ty)]
@@ -686,6 +724,7 @@ def _wrap_numba_error(kernel_name, e, pending, param_types=None):
     return type(err)(f"{err}\n(set QD_RAW_ERRORS=1 for Numba's full report)")
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _NUMBA_NOISE = re.compile(r"(Failed in .* mode pipeline|During: |raised from |<source elided>)")
 _NUMBA_SOURCE = re.compile(r'File ".*", line \d+:$')
 _NUMBA_NO_IMPL = re.compile(r"No implementation of function .* found for signature:\s*>>> (.*?)\s*There are \d+ "
@@ -696,9 +735,10 @@ _NUMBA_REASON = re.compile(r"raised a specific error:\s*\n\s*(?:\w+(?:Error|Exce
 def numba_report(text: str) -> str:
     """The part of a Numba error report that speaks about the user's code: without the pipeline
     stages, the compiler's statements and Numba's source excerpt (ours replaces it); a failed
-    overload resolution becomes "cannot call f(types): innermost reason"."""
+    overload resolution becomes "cannot call f(types): innermost reason". Terminal colours
+    (numba-cuda highlights its reports) are removed first."""
     lines, in_source = [], False
-    for line in text.splitlines():
+    for line in _ANSI_ESCAPE.sub("", text).splitlines():
         stripped = line.strip()
         if _NUMBA_SOURCE.match(stripped):
             in_source = True

@@ -331,17 +331,19 @@ class _CudaEventPool:
         _check(driver.cuEventSynchronize(objects[int(events[-1])]), "cuEventSynchronize")
         anchor, anchor_ns = self._anchor
 
-        def ns_between(a, b):
-            return int(_check(driver.cuEventElapsedTime(a, b), "cuEventElapsedTime") * 1e6)
+        def at(k):
+            """Event k's time in host nanoseconds: every time from the one anchor, so that equal
+            events give equal times (differences of float milliseconds would not add up)."""
+            ms = _check(driver.cuEventElapsedTime(anchor, objects[int(events[k])]), "cuEventElapsedTime")
+            return anchor_ns + int(ms * 1e6)
 
-        start = anchor_ns + ns_between(anchor, objects[int(events[0])])
+        start = at(0)
         tasks = []
         for k, name in enumerate(task_names):
             if launched[k]:
-                begin = objects[int(events[2 * k])]
-                tasks.append((name, anchor_ns + ns_between(anchor, begin),
-                              ns_between(begin, objects[int(events[2 * k + 1])])))
-        return start, ns_between(objects[int(events[0])], objects[int(events[-1])]), tasks
+                begin = at(2 * k)
+                tasks.append((name, begin, at(2 * k + 1) - begin))
+        return start, at(len(events) - 1) - start, tasks
 
 
 class CudaLaunchTimer:

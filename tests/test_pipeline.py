@@ -20,7 +20,7 @@ def test_pipeline_lists_every_pass_once_per_stage():
     assert "(to a fixed point)" in lines[1] and "inline_funcs" in lines[1]
 
 
-def test_dump_ir_prints_the_pipeline(capsys, rng):
+def test_dump_ir_prints_the_pipeline(capsys, rng, arch):
     @qd.kernel
     def double(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
         for i in range(a.shape[0]):
@@ -36,5 +36,11 @@ def test_dump_ir_prints_the_pipeline(capsys, rng):
         config.current.print_ir = saved
     np.testing.assert_allclose(a, expected)
     err = capsys.readouterr().err
-    assert f"=== qd_numba pipeline of kernel 'double' ===\n{describe(UNTYPED_PIPELINE, cpu.CODEGEN_STAGES)}" in err
+    if arch == "cuda":
+        from qd_numba.targets import cuda
+
+        stages = cuda.CODEGEN_STAGES
+    else:
+        stages = cpu.CODEGEN_STAGES
+    assert f"=== qd_numba pipeline of kernel 'double' ===\n{describe(UNTYPED_PIPELINE, stages)}" in err
     assert "after offload ===" in err

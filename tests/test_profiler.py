@@ -200,9 +200,10 @@ def test_each_compile_is_recorded_with_its_stages(rng):
         assert check.stages["NVVM"] > 0 and check.stages["nvJitLink"] > 0
         assert record.stages["cuda (compile check)"] == pytest.approx(check.seconds)
     ref[::2] *= np.float32(2.0)
-    scale(a[::2], 2.0)                  # a strided array: new argument types, a second compile
+    scale(a[::2], 2.0)                  # a strided array: new argument types on the CPU, a second compile
     np.testing.assert_allclose(a, ref, rtol=1e-6)
-    assert qd.profiler.query_compile_info(scale.qualname, target).counter == 2
+    # (CUDA stages a numpy argument in a contiguous device copy: the same argument types)
+    assert qd.profiler.query_compile_info(scale.qualname, target).counter == (2 if target == "cpu" else 1)
 
 
 def test_failed_compile_leaves_no_record():

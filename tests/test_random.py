@@ -215,7 +215,8 @@ def test_same_seed_in_fresh_processes_with_other_thread_counts():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digests = set()
     for threads in ("1", "2", "3"):
-        env = dict(os.environ, NUMBA_NUM_THREADS=threads, PYTHONPATH=root)
+        env = dict(os.environ, NUMBA_NUM_THREADS=threads,
+                   PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
         env.pop("QD_ARCH", None)
         out = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env,
                              timeout=600)

@@ -95,8 +95,26 @@ def native_launcher():
                         return (k << 32) | err
             return -1
 
-        _native_launch_all = launch_all
-    return _native_launch_all
+        @numba.njit(nogil=True)
+        def launch_task(packed, k):
+            base = PACK_HEAD + PACK_TASK * k
+            grid = packed[base + 1]
+            if grid > 0:
+                err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, packed[1], packed[base + 3], 0)
+                if err != 0:
+                    return (k << 32) | err
+            return -1
+
+        _native_launch_all = launch_all, launch_task
+    return _native_launch_all[0]
+
+
+def native_task_launcher():
+    """``launch_task(packed, k) -> status``: launch task k alone (debug plans check each task's
+    error word before launching the next, so a failed check stops the kernel there, as on the
+    CPU)."""
+    native_launcher()
+    return _native_launch_all[1]
 
 
 _native_launch_timed = None
@@ -437,6 +455,9 @@ class LaunchPlan:
         # debug=True: (launch, device address of its int32 error word) per task that records exceptions
         self.error_words = [(launch, self.rt.global_address(launch.module, launch.compiled.error_symbol))
                             for launch in launches if launch.compiled.error_symbol]
+        words = {id(launch): address for launch, address in self.error_words}
+        # debug plans compile every task with an error word
+        self.error_word_of = [words[id(launch)] for launch in launches] if words else []
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -476,19 +497,25 @@ class LaunchPlan:
 
     def _check_errors(self, args):
         """After a debug launch: raise the first exception a thread of some task recorded (the
-        copy waits for the kernels), naming the kernel and the task, and clear the word."""
+        copy waits for the kernels), naming the kernel and the task. Every word is cleared: the
+        tasks after a failing one still ran (their own checks keep them in bounds), and what they
+        recorded must not surface at the next call."""
+        recorded = []
         for launch, address in self.error_words:
             code = self.rt.read_i32(address)
             if code:
                 self.rt.write_i32(address, 0)
-                cls, exc_args, loc = device_exception(code) or launch.compiled.exception_of(code)
-                # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task,
-                # whose location is its loop (or serial region)
-                line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
-                where = f" (task {launch.task.name}" + (f", {line}" if line else "") + ")"
-                exc = cls(*exc_args) if exc_args else cls()
-                err = self.kernel._runtime_error(exc, args)
-                raise type(err)(f"{err}{where}") from None
+                recorded.append((launch, code))
+        if recorded:
+            launch, code = recorded[0]
+            cls, exc_args, loc = device_exception(code) or launch.compiled.exception_of(code)
+            # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task,
+            # whose location is its loop (or serial region)
+            line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
+            where = f" (task {launch.task.name}" + (f", {line}" if line else "") + ")"
+            exc = cls(*exc_args) if exc_args else cls()
+            err = self.kernel._runtime_error(exc, args)
+            raise type(err)(f"{err}{where}") from None
 
     def _failed(self, status):
         task = self.launches[status >> 32].task
@@ -570,13 +597,23 @@ def _runner_source(plan):
                  # ndarrays as their views: every array kind (DLPack producers too) has .shape there
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
     ns["timer"] = plan.timer
-    body += ["status = launch_all(packed)" if plan.timer is None else "status = timer.launch(packed)",
-             "if status >= 0:",
-             "    plan._failed(status)"]
-    if plan.error_words:
-        body.append(f"plan._check_errors({_tuple_src(args)})")
+    if plan.error_words:   # debug: one task at a time, stopping at the first that records an error
+        ns["launch_task"], ns["error_word_of"] = native_task_launcher(), plan.error_word_of
+        body += [f"for k in range({len(plan.launches)}):",
+                 "    status = launch_task(packed, k)",
+                 "    if status >= 0:",
+                 "        plan._failed(status)",
+                 "    if rt.read_i32(error_word_of[k]):",
+                 "        break"]
+    else:
+        body += ["status = launch_all(packed)" if plan.timer is None else "status = timer.launch(packed)",
+                 "if status >= 0:",
+                 "    plan._failed(status)"]
+    # numpy arguments get what the tasks wrote before an error is raised, as on the CPU
     for v in views.values():
         body.append(f"if {v}.host is not None: copy_back({v})")
+    if plan.error_words:
+        body.append(f"plan._check_errors({_tuple_src(args)})")
     body.append("return plan._result()" if plan.ret is not None else "return None")
     names = [s.split(" = ")[0] for s in state]
     lines = ["def make():", *(f"    {s}" for s in state),

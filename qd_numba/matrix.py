@@ -28,6 +28,7 @@ from numba.np.numpy_support import from_dtype
 
 from .dtypes import f32, to_numba, to_numpy
 from .errors import QuadrantsTypeError
+from .field import Field, Ndarray
 from .lowering import matrix as _lowering_matrix  # noqa: F401  (registers data model and lowering)
 from .typing.matrix import (
     MatrixClass,
@@ -282,17 +283,13 @@ class Matrix(metaclass=_MatrixMeta):
     def identity(dtype, n):
         return _wrap(np.eye(n, dtype=to_numpy(dtype)))
 
-    # --- fields and ndarrays of matrices (the field/ndarray modules own these types) ---------
+    # --- fields and ndarrays of matrices (qd_numba/field.py owns these types) ------------------
     @staticmethod
     def field(n, m, dtype, shape, needs_grad=False, name=None):
-        from .field import Field
-
         return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name)
 
     @staticmethod
     def ndarray(n, m, dtype, shape):
-        from .ndarray import Ndarray
-
         return Ndarray(matrix(n, m, dtype), shape)
 
 
@@ -338,14 +335,10 @@ class Vector(Matrix):
 
     @staticmethod
     def field(n, dtype, shape, needs_grad=False, name=None):
-        from .field import Field
-
         return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name)
 
     @staticmethod
     def ndarray(n, dtype, shape):
-        from .ndarray import Ndarray
-
         return Ndarray(vector(n, dtype), shape)
 
 

@@ -18,6 +18,7 @@ import types as pytypes
 
 from ..errors import QuadrantsSyntaxError
 from ..field import ArrayData
+from ..matrix import Matrix
 from .base import MISSING, try_static
 
 
@@ -25,6 +26,8 @@ def _foldable(value) -> bool:
     """Values whose attributes are safe to evaluate at compile time."""
     from ..kernel import QdFunc
 
+    if isinstance(value, (Matrix, type(Matrix))):  # Numba types these (typing/matrix.py), methods too
+        return False
     if isinstance(value, (ArrayData, pytypes.ModuleType, QdFunc)):
         return True
     if isinstance(value, (int, float, bool, str, tuple, list, dict, type(None))):

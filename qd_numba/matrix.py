@@ -31,6 +31,7 @@ from .errors import QuadrantsTypeError
 from .field import Field, Ndarray
 from .lowering import matrix as _lowering_matrix  # noqa: F401  (registers data model and lowering)
 from .typing.matrix import (
+    SWIZZLE,
     MatrixClass,
     MatrixType,
     VectorClass,
@@ -189,7 +190,11 @@ class Matrix(metaclass=_MatrixMeta):
     # --- operators ---------------------------------------------------------------------------
     def _binop(self, op, a, b):
         try:
-            res = binop_dtypes(op, _nb_type(a), _nb_type(b))
+            ta, tb = _nb_type(a), _nb_type(b)
+        except QuadrantsTypeError:  # not a number: Python's fallback (== is identity, + a TypeError)
+            return NotImplemented
+        try:
+            res = binop_dtypes(op, ta, tb)
         except nb_errors.TypingError as e:
             raise QuadrantsTypeError(str(e)) from None
         if res is None:
@@ -318,11 +323,6 @@ class Vector(Matrix):
         if self.entries.ndim != 1:
             raise QuadrantsTypeError(f"qd.Vector needs a flat list, got shape {self.entries.shape}")
 
-    x = property(lambda self: self.entries[0], lambda self, v: self.entries.__setitem__(0, v))
-    y = property(lambda self: self.entries[1], lambda self, v: self.entries.__setitem__(1, v))
-    z = property(lambda self: self.entries[2], lambda self, v: self.entries.__setitem__(2, v))
-    w = property(lambda self: self.entries[3], lambda self, v: self.entries.__setitem__(3, v))
-
     @staticmethod
     def zero(dtype, n):
         return _wrap(np.zeros((n,), dtype=to_numpy(dtype)))
@@ -340,6 +340,14 @@ class Vector(Matrix):
     @staticmethod
     def ndarray(n, dtype, shape):
         return Ndarray(vector(n, dtype), shape)
+
+
+def _component(k: int) -> property:
+    return property(lambda self: self.entries[k], lambda self, v: self.entries.__setitem__(k, v))
+
+
+for _name, _k in SWIZZLE.items():  # v.x, v.r, v.s ... (the names compiled code accepts)
+    setattr(Vector, _name, _component(_k))
 
 
 @typeof_impl.register(Matrix)

@@ -96,3 +96,87 @@ def test_methods_of_captured_vectors(rng):
     e = g.to_numpy()
     np.testing.assert_allclose(out, [np.linalg.norm(e), e[0] + e[2], m.to_numpy()[1, 2], 6,
                                      np.linalg.norm(e)], rtol=1e-5)
+
+
+# -- component stores -----------------------------------------------------------------------------
+
+
+def test_component_stores_on_local_vectors(rng):
+    a = rng.standard_normal(64).astype(np.float32)
+    out = np.zeros((64, 4), np.float32)
+
+    @qd.kernel
+    def update(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=2)):
+        for i in range(a.shape[0]):
+            v = qd.Vector([1.0, 2.0, 3.0, 4.0])
+            v.x = a[i]
+            v.y -= a[i]
+            v.b *= a[i]                          # r g b a, as x y z w
+            v.q += 1.0                           # s t p q, as x y z w
+            old = qd.atomic_add(v.z, 10.0)      # a local component: an update, returns the old value
+            w = v                                # a copy: stores into w leave v alone
+            w.w = 0.0
+            out[i, 0] = v.x
+            out[i, 1] = v.y + old
+            out[i, 2] = v.z
+            out[i, 3] = v.w + w.w
+
+    update(a, out)
+    ref = np.stack([a, 2 - a + 3 * a, 3 * a + 10, np.full_like(a, 5)], axis=1)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_component_stores_on_vector_fields(rng):
+    n = 300
+    f = qd.Vector.field(3, qd.f32, shape=n)
+    counter = qd.Vector.field(3, qd.f32, shape=2)
+    f0 = rng.standard_normal((n, 3)).astype(np.float32)
+    f.from_numpy(f0)
+    d = rng.standard_normal(n).astype(np.float32)
+
+    @qd.kernel
+    def update(d: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in f:
+            f[i].y = d[i]
+            f[i].x += 2.0 * d[i]
+            counter[1].z += 1.0                  # atomic, as counter[1][2] += 1.0
+
+    update(d)
+    ref = f0.copy()
+    ref[:, 1] = d
+    ref[:, 0] += 2 * d
+    np.testing.assert_allclose(f.to_numpy(), ref, rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(counter.to_numpy(), [[0, 0, 0], [0, 0, n]])
+
+
+def test_python_scope_components(rng):
+    e = rng.standard_normal(4).astype(np.float32)
+    v = qd.Vector(e)
+    assert (v.x, v.g, v.p, v.a) == (e[0], e[1], e[2], e[3])
+    v.r = 5.0
+    v.t += 1.0
+    np.testing.assert_array_equal(v.to_numpy(), [5.0, e[1] + np.float32(1.0), e[2], e[3]])
+    assert v != "abc" and not v == None  # noqa: E711  (not numbers: Python's identity fallback)
+    with pytest.raises(TypeError):
+        v + "abc"
+
+
+@pytest.mark.parametrize("body", ["v.z = 3.0", "v[2] = 3.0", "v[-3] += 1.0", "out[0] = v[2]"])
+def test_constant_index_out_of_range(body):
+    ns = {"qd": qd}
+    exec(f"@qd.kernel\ndef bad(out: qd.types.ndarray(dtype=qd.f32, ndim=1)):\n    for i in range(1):\n"
+         f"        v = qd.Vector([1.0, 2.0])\n        {body}\n        out[0] = v.x\n", ns)
+    with pytest.raises(qd.QuadrantsIndexError, match="index -?[23] is out of range .* size 2"):
+        ns["bad"](np.zeros(1, np.float32))
+
+
+def test_non_component_attribute_store_is_our_error():
+    @qd.kernel
+    def bad(out: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for _ in range(1):
+            v = qd.Vector([1.0, 2.0])
+            v.n = 3
+            out[0] = v.x
+
+    with pytest.raises(qd.QuadrantsError, match="cannot assign 'n' of a vector"):
+        bad(np.zeros(1, np.float32))

@@ -8,6 +8,7 @@ Rewrites, per statement pattern (global data = a field or an ndarray argument):
 ``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
 ``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
 ``L[I] = V`` (local vector/matrix)          ``L = subscript_store(L, I, V)``: value update
+``L.x = V`` (component xyzw, rgba, stpq)    as ``L[0] = V``; ``L.x`` is ``L[0]`` in all of these
 ``G[I][J] = V``                             ``T = G[I]; T[J] = V; G[I] = T`` (value types)
 ``a / b``                                   ``true_divide(a, b)``: ints give ``default_fp``
 ==========================================  =============================================
@@ -21,6 +22,7 @@ import operator
 
 from ..lang import ATOMIC_FUNCTIONS
 from ..lowering import subscripts as impl
+from ..typing.matrix import SWIZZLE
 from .base import MISSING, is_global_data, try_static
 
 _AUG_OPS = {operator.iadd: "add", operator.isub: "sub", operator.iand: "and",
@@ -35,6 +37,8 @@ def _subscript(state, var):
         return d.value, d.index, None
     if isinstance(d, ir.Expr) and d.op == "static_getitem":
         return d.value, d.index_var, d.index
+    if isinstance(d, ir.Expr) and d.op == "getattr" and d.attr in SWIZZLE:  # v.x is v[0]
+        return d.value, None, SWIZZLE[d.attr]
     return None
 
 
@@ -83,10 +87,13 @@ class RewriteSubscripts:
     def _rewrite(self, state, block, stmt):
         ir = state.ir
         loc = stmt.loc
-        # -- stores: G[I] op= V, G[I] = V, L[I] = V ------------------------------------------
-        if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)):
+        # -- stores: G[I] op= V, G[I] = V, L[I] = V, L.x = V -----------------------------------
+        if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)) or (isinstance(stmt, ir.SetAttr)
+                                                               and stmt.attr in SWIZZLE):
             target, value = stmt.target, stmt.value
-            if isinstance(stmt, ir.SetItem):
+            if isinstance(stmt, ir.SetAttr):
+                index, pre = self._index_var(state, block, None, SWIZZLE[stmt.attr], loc)
+            elif isinstance(stmt, ir.SetItem):
                 index, pre = stmt.index, []
             else:
                 index, pre = self._index_var(state, block, stmt.index_var, stmt.index, loc)

@@ -180,3 +180,19 @@ def test_non_component_attribute_store_is_our_error():
 
     with pytest.raises(qd.QuadrantsError, match="cannot assign 'n' of a vector"):
         bad(np.zeros(1, np.float32))
+
+
+# -- calling a vector type ------------------------------------------------------------------------
+
+
+def test_vector_type_call(rng):
+    a = rng.standard_normal((32, 3)).astype(np.float32)
+    out = np.zeros((32, 3), np.float32)
+
+    @qd.kernel
+    def build(a: qd.types.ndarray(dtype=qd.f32, ndim=2), out: qd.types.ndarray(dtype=vec3, ndim=1)):
+        for i in range(a.shape[0]):
+            out[i] = vec3(a[i, 0], a[i, 1], a[i, 2]) + vec3(a[i, 0]) + mat2(1, 2, 3, 4).sum()
+
+    build(a, out)
+    np.testing.assert_allclose(out, a + a[:, :1] + 10.0, rtol=1e-6)

@@ -196,3 +196,81 @@ def test_vector_type_call(rng):
 
     build(a, out)
     np.testing.assert_allclose(out, a + a[:, :1] + 10.0, rtol=1e-6)
+
+
+# -- f16 fields -----------------------------------------------------------------------------------
+
+
+def test_f16_scalar_field_loads_and_stores(rng):
+    n = 512
+    h = qd.field(qd.f16, shape=n)
+    h0 = rng.standard_normal(n).astype(np.float16)
+    h0[::4] *= np.float16(1e-6)                  # f16 subnormals too
+    h.from_numpy(h0)
+    # f64 values just above a midpoint of two f16 neighbours: rounding through f32 to nearest
+    # twice would land on the midpoint, then on the even neighbour; once, on the upper one
+    lo = np.abs(rng.standard_normal(n)).astype(np.float16) + np.float16(1)
+    hi = np.nextafter(lo, np.float16(np.inf))
+    x = (lo.astype(np.float64) + hi.astype(np.float64)) / 2 * (1 + 2.0 ** -40)
+    x[::2] = rng.standard_normal(n // 2) * 1e3   # and ordinary values, some overflowing f16
+    x[1] = 1e6
+    x[4::8] *= 1e-9                              # to f16 subnormals, or zero
+    widened = np.zeros(n, np.float32)
+
+    @qd.kernel
+    def roundtrip(x: qd.types.ndarray(dtype=qd.f64, ndim=1), widened: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in h:
+            widened[i] = h[i] * 2.0
+            h[i] = x[i]
+
+    roundtrip(x, widened)
+    np.testing.assert_array_equal(widened, h0.astype(np.float32) * 2)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(h.to_numpy(), x.astype(np.float16))
+    assert h.to_numpy().dtype == np.float16 and h[1] == np.inf
+
+
+def test_f16_vector_field_and_atomics(rng):
+    n = 256
+    p = qd.Vector.field(3, qd.f16, shape=n)
+    total = qd.field(qd.f16, shape=())
+    top = qd.field(qd.f16, shape=())
+    p0 = rng.standard_normal((n, 3)).astype(np.float16)
+    p.from_numpy(p0)
+    top[None] = -np.inf
+
+    @qd.kernel
+    def step(scale: qd.f32):
+        for i in p:
+            p[i] = p[i] * scale + qd.Vector([1.0, 2.0, 3.0])
+            p[i].y += 1.0
+            total[None] += 1.0
+            qd.atomic_max(top[None], p[i].x)
+
+    step(0.5)
+    ref = (p0.astype(np.float32) * np.float32(0.5) + np.float32([1, 2, 3])).astype(np.float16)
+    ref[:, 1] = (ref[:, 1].astype(np.float32) + 1).astype(np.float16)
+    np.testing.assert_array_equal(p.to_numpy(), ref)
+    assert total[None] == n and top[None] == ref[:, 0].max()
+
+
+def test_f16_atomic_add_on_neighbouring_elements(rng):
+    # elements sharing a 32-bit word, updated at once from many threads (each atomic is a
+    # compare-and-swap of that word: the neighbour must survive)
+    counts = qd.field(qd.f16, shape=4)
+    idx = rng.integers(0, 4, 1000).astype(np.int32)
+
+    @qd.kernel
+    def histogram(idx: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+        for i in range(idx.shape[0]):
+            counts[idx[i]] += 1.0
+
+    histogram(idx)
+    np.testing.assert_array_equal(counts.to_numpy(), np.bincount(idx, minlength=4).astype(np.float16))
+
+
+@pytest.mark.cuda
+def test_f16_fields_on_gpu(on_cuda, rng):
+    test_f16_scalar_field_loads_and_stores(rng)
+    test_f16_vector_field_and_atomics(rng)
+    test_f16_atomic_add_on_neighbouring_elements(rng)

@@ -274,3 +274,53 @@ def test_f16_fields_on_gpu(on_cuda, rng):
     test_f16_scalar_field_loads_and_stores(rng)
     test_f16_vector_field_and_atomics(rng)
     test_f16_atomic_add_on_neighbouring_elements(rng)
+
+
+# -- vector return values -------------------------------------------------------------------------
+
+
+@qd.kernel
+def rotation(angle: qd.f64) -> mat2:
+    return qd.Matrix([[qd.cos(angle), -qd.sin(angle)], [qd.sin(angle), qd.cos(angle)]])
+
+
+def _check_returns(rng):
+    total = qd.Vector.field(3, qd.f32, shape=())   # on the arch of the caller
+
+    @qd.kernel
+    def centroid(p: qd.types.ndarray(dtype=vec3, ndim=1)) -> vec3:
+        total[None] = qd.Vector([0.0, 0.0, 0.0])
+        for i in range(p.shape[0]):
+            total[None] += p[i]
+        return total[None] / p.shape[0]
+
+    p = rng.standard_normal((100, 3)).astype(np.float32)
+    c = centroid(p)
+    assert isinstance(c, qd.Vector) and c.dtype == qd.f32
+    np.testing.assert_allclose(c.to_numpy(), p.mean(0), rtol=1e-4, atol=1e-6)
+    t = float(rng.uniform(0, 6))
+    r = rotation(t)
+    assert isinstance(r, qd.Matrix) and r.dtype == qd.f64
+    np.testing.assert_allclose(r.to_numpy(), [[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]], rtol=1e-12)
+
+
+def test_vector_returns(rng):
+    _check_returns(rng)
+
+
+@pytest.mark.parametrize("ty", [vec3, mat2, qd.types.vector(4, qd.i32), qd.f64, qd.i32], ids=str)
+def test_return_slot_decoding(rng, ty):
+    """The CUDA launcher reads a return value back from its temporary slot as these bytes."""
+    from qd_numba.targets.cuda import read_return, return_slot
+    from qd_numba.typing.matrix import MatrixType
+
+    dt, count = return_slot(ty)
+    values = rng.integers(-100, 100, count).astype(dt) if dt.kind == "i" else rng.standard_normal(count).astype(dt)
+    raw = np.zeros(64, np.uint8)  # a slot: the value's bytes first
+    raw[:values.nbytes] = values.view(np.uint8)
+    got = read_return(raw, dt, ty)
+    if not isinstance(ty, MatrixType):
+        assert type(got) is (int if dt.kind == "i" else float) and got == values[0]
+    else:
+        assert isinstance(got, qd.Matrix) and got.type == ty
+        np.testing.assert_array_equal(got.to_numpy().reshape(-1), values)

@@ -392,7 +392,7 @@ class LaunchPlan:
         self.static_totals = static_totals
         self.tmp_dev = tmp_dev
         self.field_table = field_table      # the device table the context parameter points to
-        self.ret = ret                      # (byte offset, numpy dtype) or None
+        self.ret = ret                      # (byte offset, numpy dtype, element count) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
         self.artifact_key = artifact_key(kernel, state.param_types, state.template_values, state.hidden,
@@ -462,22 +462,45 @@ class LaunchPlan:
         _check((_driver().CUresult(status & 0xFFFFFFFF),), f"launching {task.name}")
 
     def _result(self):
-        off, dt = self.ret
-        raw = self.tmp_dev[off:off + dt.itemsize].copy_to_host()
-        result = raw.view(dt)[0].item()
-        rt = self.kernel.return_type
-        if isinstance(rt, types.Integer):
-            return int(result)
-        if isinstance(rt, types.Float):
-            return float(result)
-        if isinstance(rt, types.Boolean):
-            return bool(result)
-        return result
+        off, dt, count = self.ret
+        raw = self.tmp_dev[off:off + dt.itemsize * count].copy_to_host()
+        return read_return(raw, dt, self.kernel.return_type)
 
     def _make_runner(self):
         src, ns = _runner_source(self)
         exec_generated(src, f"launch {self.kernel.qualname}", ns)
         return ns["make"]()
+
+
+def return_slot(ty) -> tuple[np.dtype, int]:
+    """(numpy dtype, element count) of a kernel's return value of Numba type ``ty`` in its
+    temporary slot: a scalar, or a vector's/matrix's elements, row-major."""
+    from numba.np.numpy_support import as_dtype
+
+    from ..typing.matrix import MatrixType
+
+    if isinstance(ty, MatrixType):
+        return as_dtype(ty.dtype), ty.count
+    return as_dtype(ty), 1
+
+
+def read_return(raw: np.ndarray, dt: np.dtype, return_type):
+    """The value a kernel returns from the bytes of its return slot (elements of dtype ``dt``):
+    a Python scalar, or a qd.Vector/qd.Matrix of the annotated type, as on the CPU."""
+    from ..matrix import from_flat_tuple
+    from ..typing.matrix import MatrixType
+
+    values = raw.view(dt)
+    if isinstance(return_type, MatrixType):
+        return from_flat_tuple(tuple(values[:return_type.count].tolist()), return_type)
+    result = values[0].item()
+    if isinstance(return_type, types.Integer):
+        return int(result)
+    if isinstance(return_type, types.Float):
+        return float(result)
+    if isinstance(return_type, types.Boolean):
+        return bool(result)
+    return result
 
 
 def _copy_back(view):
@@ -788,8 +811,6 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     totals_fn, static_totals = host_totals(kernel, state, param_types, [u for u, _, _ in compiled])
     ret = None
     if plan_ir.ret_slot is not None:
-        from numba.np.numpy_support import as_dtype
-
-        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, as_dtype(temp_types["$qd_return"]))
+        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
     params = [(p.name, p.kind) for p in kernel.params]
     return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)

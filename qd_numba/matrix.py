@@ -365,6 +365,27 @@ def construct_from_type(mt: MatrixType, args) -> Matrix:
     return _wrap(np.array(flat, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
 
 
+def matrix_argument(value, mt: MatrixType) -> Matrix:
+    """The argument of a kernel parameter annotated ``mt``: ``value`` itself when it is a
+    qd.Vector/qd.Matrix of that type, else a new one from a qd.Vector/qd.Matrix, tuple, list or
+    numpy array of the same shape (elements converted to ``mt.dtype``; float elements for an
+    integer type are refused, as for scalar parameters). Raises QuadrantsTypeError."""
+    dtype = to_numpy(mt.dtype)
+    if isinstance(value, Matrix) and value.entries.dtype == dtype and value.entries.shape == mt.shape:
+        return value
+    try:
+        arr = np.asarray(value.entries if isinstance(value, Matrix) else value)
+    except (TypeError, ValueError):  # a ragged list
+        arr = None
+    if arr is None or arr.shape != mt.shape or arr.dtype.kind not in "biuf":
+        got = f"of shape {arr.shape}" if arr is not None and arr.ndim and arr.dtype.kind in "biuf" else repr(value)
+        raise QuadrantsTypeError(f"expected a {mt} (a qd.{'Vector' if mt.is_vector else 'Matrix'}, tuple, list or "
+                                 f"numpy array of shape {mt.shape}), got {type(value).__name__} {got}")
+    if arr.dtype.kind == "f" and dtype.kind != "f":
+        raise QuadrantsTypeError(f"expected integer elements for {mt}, got {arr.dtype} values {value!r}")
+    return _wrap(arr.astype(dtype))
+
+
 def from_flat_tuple(values: tuple, mt: MatrixType) -> Matrix:
     """Boxing helper: the Python object for a compiled matrix value."""
     return _wrap(np.array(values, dtype=to_numpy(mt.dtype)).reshape(mt.shape))

@@ -324,3 +324,100 @@ def test_return_slot_decoding(rng, ty):
     else:
         assert isinstance(got, qd.Matrix) and got.type == ty
         np.testing.assert_array_equal(got.to_numpy().reshape(-1), values)
+
+
+# -- vector and matrix parameters -----------------------------------------------------------------
+
+
+@qd.kernel
+def affine(m: mat2, b: qd.types.vector(2, qd.f64), scale: qd.f32, k: qd.types.vector(2, qd.i32),
+           x: qd.types.ndarray(dtype=qd.f64, ndim=2), out: qd.types.ndarray(dtype=qd.f64, ndim=2)):
+    for i in range(x.shape[0]):
+        y = m @ qd.Vector([x[i, 0], x[i, 1]], dt=qd.f64) + b * scale
+        out[i, 0] = y.x + k.x
+        out[i, 1] = y.y * k[1]
+
+
+def _check_parameters(rng):
+    x = rng.standard_normal((50, 2))
+    out = np.zeros((50, 2))
+    m0, b0 = rng.standard_normal((2, 2)), rng.standard_normal(2)
+    k0 = rng.integers(-5, 5, 2)
+    compiled = affine.compile_count
+    for m, b, k in [(qd.Matrix(m0), qd.Vector(b0), qd.Vector(k0.astype(np.int32))),  # exact types
+                    (m0.tolist(), tuple(b0), list(k0)),                               # converted
+                    (m0.astype(np.float32), b0, k0)]:
+        affine(m, b, 1.5, k, x, out)
+        y = x @ np.asarray(m, np.float64).T + b0 * 1.5
+        np.testing.assert_allclose(out, np.stack([y[:, 0] + k0[0], y[:, 1] * k0[1]], axis=1), rtol=1e-6)
+    assert affine.compile_count - compiled <= 1  # one instance, whatever the container
+
+
+def test_vector_parameters(rng):
+    _check_parameters(rng)
+
+
+@pytest.mark.parametrize(("b", "k", "match"), [
+    ((1.0, 2.0, 3.0), (1, 2), r"argument 'b': expected a vector\(2, float64\) .* shape \(2,\)"),
+    ([[1.0], [2.0]], (1, 2), r"argument 'b': expected a vector\(2, float64\)"),
+    ("ab", (1, 2), r"argument 'b': expected a vector\(2, float64\)"),
+    ((1.0, 2.0), (1.5, 2), r"argument 'k': expected integer elements for vector\(2, int32\)"),
+])
+def test_bad_vector_arguments(b, k, match):
+    with pytest.raises(qd.QuadrantsTypeError, match=match):
+        affine(np.eye(2), b, 1.0, k, np.zeros((1, 2)), np.zeros((1, 2)))
+
+
+def test_cuda_runner_writes_vector_parameters(rng):
+    """The CUDA launcher's generated runner (no GPU needed): one cell per element of a vector
+    parameter, and host iteration counts recomputed on every call (the vector may have changed
+    in place)."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from qd_numba.targets.cuda import _runner_source
+
+    cells = {"v": [ctypes.c_float() for _ in range(3)], "s": [ctypes.c_int64()]}
+    totals = []
+    plan = SimpleNamespace(params=[("v", "matrix"), ("s", "scalar")], cells=cells, rt=None, packed=None,
+                           launch_all=lambda packed: -1, totals_fn=object(), totals_args=[0], error_words=[],
+                           ret=None, _update_grids=lambda args: totals.append(int(args[0].x)))
+    src, ns = _runner_source(plan)
+    exec(src, ns)
+    run = ns["make"]()
+    v = qd.Vector(rng.standard_normal(3).astype(np.float32) * 10)
+    run(v, 7)
+    assert [c.value for c in cells["v"]] == v.to_numpy().tolist() and cells["s"][0].value == 7
+    first = int(v.x)
+    v.x = 42.0
+    run(v, 7)
+    assert cells["v"][0].value == 42.0 and totals == [first, 42]
+
+
+def test_vector_parameter_is_the_kernels_copy(rng):
+    v0 = rng.standard_normal(3).astype(np.float32)
+    out = np.zeros((8, 3), np.float32)
+
+    @qd.kernel
+    def shifted(v: vec3, out: qd.types.ndarray(dtype=qd.f32, ndim=2)):
+        v.x = 10.0                               # updates the kernel's copy, as v[0] = 10.0
+        v[1] += 5.0
+        for i in range(out.shape[0]):
+            w = v
+            w.z += i
+            out[i, 0], out[i, 1], out[i, 2] = w.x, w.y, w.z
+
+    arg = qd.Vector(v0)
+    shifted(arg, out)
+    ref = np.tile([10.0, v0[1] + np.float32(5.0), v0[2]], (8, 1)).astype(np.float32)
+    ref[:, 2] += np.arange(8)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    np.testing.assert_array_equal(arg.to_numpy(), v0)  # the caller's vector is unchanged
+
+
+@pytest.mark.cuda
+def test_vector_returns_and_parameters_on_gpu(on_cuda, rng):
+    _check_returns(rng)
+    _check_parameters(rng)
+    with pytest.raises(qd.QuadrantsTypeError, match=r"argument 'b': expected a vector\(2, float64\)"):
+        affine(np.eye(2), (1.0, 2.0, 3.0), 1.0, (1, 2), np.zeros((1, 2)), np.zeros((1, 2)))

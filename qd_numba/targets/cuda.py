@@ -542,6 +542,10 @@ def _runner_source(plan):
             (cell,) = plan.cells[name]
             ns[f"c{i}"] = cell
             body.append(f"c{i}.value = a{i}")
+        elif kind == "matrix":  # a qd.Vector/Matrix (see CudaKernel): one cell per element
+            ns[f"c{i}"] = tuple(plan.cells[name])
+            body += [f"for cell, x in zip(c{i}, a{i}.entries.reshape(-1).tolist()):",
+                     "    cell.value = x"]
         else:
             ns[f"n{i}"] = name
             state += [f"last{i} = None", f"key{i} = None"]
@@ -552,7 +556,9 @@ def _runner_source(plan):
         changed = []
         for i in plan.totals_args:
             state.append(f"t{i} = UNSET")
-            changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if params[i][1] == "ndarray"
+            kind = params[i][1]
+            changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if kind == "ndarray"
+                           else "True" if kind == "matrix"  # a qd.Vector may have changed in place
                            else f"a{i} != t{i}")
         tracked = [f"t{i}" for i in plan.totals_args]
         body += [f"if {' or '.join(changed)}:" if changed else "if True:",
@@ -607,6 +613,7 @@ class CudaKernel:
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
               "plans": self.plans, "build": self._plan, "check_scalar": _check_scalar,
+              "check_matrix": _check_matrix,
               "kernel": self.kernel}
         body, key, views = [], [], []
         for i, p in enumerate(params):
@@ -618,6 +625,9 @@ class CudaKernel:
                 views.append(f"v{i}")
             elif p.kind == "template":
                 key.append(f"template_key(a{i})")
+            elif p.kind == "matrix":
+                ns[f"p{i}"] = p
+                body.append(f"a{i} = check_matrix(kernel, p{i}, a{i})")
             else:
                 ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
                 body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
@@ -666,6 +676,16 @@ def _check_scalar(kernel, p, a):
         if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
             raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
         raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+
+
+def _check_matrix(kernel, p, a):
+    """A vector/matrix argument as a qd.Vector/qd.Matrix of its parameter's type."""
+    from ..matrix import matrix_argument
+
+    try:
+        return matrix_argument(a, p.nbtype)
+    except QuadrantsTypeError as e:
+        raise QuadrantsTypeError(f"kernel '{kernel.name}', argument '{p.name}': {e}") from None
 
 
 def field_token(field):
@@ -770,7 +790,7 @@ def plan_types(kernel, args, views):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
         if p.kind == "template":
             templates[p.name] = a
-        elif p.kind == "scalar":
+        elif p.kind in ("scalar", "matrix"):
             param_types[p.name] = p.nbtype
         else:
             param_types[p.name] = _view_type(where, p.annotation, views[p.name])

@@ -40,10 +40,12 @@ from .errors import (
 from .field import ArrayData, Field, Ndarray, element_shape
 from .frontend.keys import artifact_key
 from .generated_code import exec_generated
+from .matrix import matrix_argument
 from .passes.base import CompileState, IRTools, copy_ir
 from .passes.check_writes import is_readonly
 from .passes.pipeline import run_untyped_pipeline
 from .typing.field import FieldType
+from .typing.matrix import MatrixType
 
 # -- annotations -------------------------------------------------------------------------------
 
@@ -95,6 +97,8 @@ def _param_kind(annotation):
         return "ndarray"
     if isinstance(annotation, (types.Number, types.Boolean)) or annotation in (int, float, bool):
         return "scalar"
+    if isinstance(annotation, MatrixType):  # qd.types.vector/matrix: passed by value, like a scalar
+        return "matrix"
     return None
 
 
@@ -127,7 +131,8 @@ class Param:
         self.name, self.annotation, self.kind = name, annotation, kind
         if kind == "ndarray" and not isinstance(annotation, NdarraySpec):
             self.annotation = NdarraySpec()
-        self._nbtype = dtypes.to_numba(annotation) if kind == "scalar" and annotation not in (int, float) else None
+        self._nbtype = annotation if kind == "matrix" else \
+            dtypes.to_numba(annotation) if kind == "scalar" and annotation not in (int, float) else None
 
     @property
     def nbtype(self):
@@ -261,7 +266,7 @@ class Kernel:
             if kind is None:
                 raise QuadrantsSyntaxError(
                     f"kernel '{self.name}': parameter '{p.name}' needs a type annotation "
-                    "(a scalar dtype, qd.types.ndarray(...), or qd.template())"
+                    "(a scalar dtype, qd.types.vector/matrix(...), qd.types.ndarray(...), or qd.template())"
                     + (f", got {annotation!r}" if annotation is not inspect.Parameter.empty else ""))
             self.params.append(Param(p.name, annotation, kind))
         self.return_type = None
@@ -313,8 +318,8 @@ class Kernel:
         template value and calls the native entry point: one Python frame per call."""
         names = [f"a{k}" for k in range(len(self.params))]
         ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
-              "instances": self._instances, "runtime_error": self._runtime_error, "config": config,
-              "MISSING": _MISSING_ARG, "ndarray": np.ndarray, "host_array": host_array}
+              "matrix_argument": matrix_argument, "instances": self._instances, "runtime_error": self._runtime_error,
+              "config": config, "MISSING": _MISSING_ARG, "ndarray": np.ndarray, "host_array": host_array}
         sig = inspect.signature(self.fn)
         params = []
         for name, p in zip(names, sig.parameters.values()):
@@ -343,6 +348,10 @@ class Kernel:
                 runtime.append(name)
             elif p.kind == "template":
                 key_items.append(f"template_key({name})")
+            elif p.kind == "matrix":  # a qd.Vector/Matrix of the annotated type (else TypeError)
+                ns[f"type_{name}"] = p.nbtype
+                lines.append(f"        {name} = matrix_argument({name}, type_{name})")
+                runtime.append(name)
             else:
                 # exact-type membership: anything else takes the slow path, which validates
                 ns[f"ok_{name}"] = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
@@ -377,7 +386,9 @@ class Kernel:
                 args = self._host_args(args)
                 types_, templates = self._argument_types(args)
                 key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
-                            for p, a in zip(self.params, args) if p.kind != "scalar")
+                            for p, a in zip(self.params, args) if p.kind in ("ndarray", "template"))
+                args = tuple(matrix_argument(a, p.nbtype) if p.kind == "matrix" else a
+                             for p, a in zip(self.params, args))
                 inst = self._instances.get(key)
                 if inst is None:
                     inst = self._compile(types_, templates)
@@ -423,6 +434,12 @@ class Kernel:
                     raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
                 if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
                     raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
+                types_[p.name] = p.nbtype
+            elif p.kind == "matrix":
+                try:
+                    matrix_argument(a, p.nbtype)
+                except QuadrantsTypeError as e:
+                    raise QuadrantsTypeError(f"{where}: {e}") from None
                 types_[p.name] = p.nbtype
             else:
                 if isinstance(a, Field):
@@ -493,7 +510,7 @@ class Kernel:
         args = self._host_args(args)
         types_, templates = self._argument_types(args)
         key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
-                    for p, a in zip(self.params, args) if p.kind != "scalar")
+                    for p, a in zip(self.params, args) if p.kind in ("ndarray", "template"))
         with self._lock:
             inst = self._instances.get(key)
             if inst is None:

@@ -28,8 +28,10 @@ from numba.np.numpy_support import from_dtype
 
 from .dtypes import f32, to_numba, to_numpy
 from .errors import QuadrantsTypeError
+from .field import Field, Ndarray
 from .lowering import matrix as _lowering_matrix  # noqa: F401  (registers data model and lowering)
 from .typing.matrix import (
+    SWIZZLE,
     MatrixClass,
     MatrixType,
     VectorClass,
@@ -188,7 +190,11 @@ class Matrix(metaclass=_MatrixMeta):
     # --- operators ---------------------------------------------------------------------------
     def _binop(self, op, a, b):
         try:
-            res = binop_dtypes(op, _nb_type(a), _nb_type(b))
+            ta, tb = _nb_type(a), _nb_type(b)
+        except QuadrantsTypeError:  # not a number: Python's fallback (== is identity, + a TypeError)
+            return NotImplemented
+        try:
+            res = binop_dtypes(op, ta, tb)
         except nb_errors.TypingError as e:
             raise QuadrantsTypeError(str(e)) from None
         if res is None:
@@ -282,17 +288,13 @@ class Matrix(metaclass=_MatrixMeta):
     def identity(dtype, n):
         return _wrap(np.eye(n, dtype=to_numpy(dtype)))
 
-    # --- fields and ndarrays of matrices (the field/ndarray modules own these types) ---------
+    # --- fields and ndarrays of matrices (qd_numba/field.py owns these types) ------------------
     @staticmethod
     def field(n, m, dtype, shape, needs_grad=False, name=None):
-        from .field import Field
-
         return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name)
 
     @staticmethod
     def ndarray(n, m, dtype, shape):
-        from .ndarray import Ndarray
-
         return Ndarray(matrix(n, m, dtype), shape)
 
 
@@ -321,11 +323,6 @@ class Vector(Matrix):
         if self.entries.ndim != 1:
             raise QuadrantsTypeError(f"qd.Vector needs a flat list, got shape {self.entries.shape}")
 
-    x = property(lambda self: self.entries[0], lambda self, v: self.entries.__setitem__(0, v))
-    y = property(lambda self: self.entries[1], lambda self, v: self.entries.__setitem__(1, v))
-    z = property(lambda self: self.entries[2], lambda self, v: self.entries.__setitem__(2, v))
-    w = property(lambda self: self.entries[3], lambda self, v: self.entries.__setitem__(3, v))
-
     @staticmethod
     def zero(dtype, n):
         return _wrap(np.zeros((n,), dtype=to_numpy(dtype)))
@@ -338,15 +335,19 @@ class Vector(Matrix):
 
     @staticmethod
     def field(n, dtype, shape, needs_grad=False, name=None):
-        from .field import Field
-
         return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name)
 
     @staticmethod
     def ndarray(n, dtype, shape):
-        from .ndarray import Ndarray
-
         return Ndarray(vector(n, dtype), shape)
+
+
+def _component(k: int) -> property:
+    return property(lambda self: self.entries[k], lambda self, v: self.entries.__setitem__(k, v))
+
+
+for _name, _k in SWIZZLE.items():  # v.x, v.r, v.s ... (the names compiled code accepts)
+    setattr(Vector, _name, _component(_k))
 
 
 @typeof_impl.register(Matrix)
@@ -362,6 +363,27 @@ def construct_from_type(mt: MatrixType, args) -> Matrix:
     if len(flat) != mt.count:
         raise QuadrantsTypeError(f"{mt} takes {mt.count} values (or one scalar to fill), got {len(flat)}")
     return _wrap(np.array(flat, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+
+
+def matrix_argument(value, mt: MatrixType) -> Matrix:
+    """The argument of a kernel parameter annotated ``mt``: ``value`` itself when it is a
+    qd.Vector/qd.Matrix of that type, else a new one from a qd.Vector/qd.Matrix, tuple, list or
+    numpy array of the same shape (elements converted to ``mt.dtype``; float elements for an
+    integer type are refused, as for scalar parameters). Raises QuadrantsTypeError."""
+    dtype = to_numpy(mt.dtype)
+    if isinstance(value, Matrix) and value.entries.dtype == dtype and value.entries.shape == mt.shape:
+        return value
+    try:
+        arr = np.asarray(value.entries if isinstance(value, Matrix) else value)
+    except (TypeError, ValueError):  # a ragged list
+        arr = None
+    if arr is None or arr.shape != mt.shape or arr.dtype.kind not in "biuf":
+        got = f"of shape {arr.shape}" if arr is not None and arr.ndim and arr.dtype.kind in "biuf" else repr(value)
+        raise QuadrantsTypeError(f"expected a {mt} (a qd.{'Vector' if mt.is_vector else 'Matrix'}, tuple, list or "
+                                 f"numpy array of shape {mt.shape}), got {type(value).__name__} {got}")
+    if arr.dtype.kind == "f" and dtype.kind != "f":
+        raise QuadrantsTypeError(f"expected integer elements for {mt}, got {arr.dtype} values {value!r}")
+    return _wrap(arr.astype(dtype))
 
 
 def from_flat_tuple(values: tuple, mt: MatrixType) -> Matrix:

@@ -41,9 +41,10 @@ ATOMIC_OPS = {
 
 
 def _layout(ty):
-    """(scalar dtype, element ndim, element shape, checked, array type) of a field or array type."""
+    """(scalar value dtype, element ndim, element shape, checked, array type) of a field or array
+    type (the value dtype of f16 data is f32; typing/field.py)."""
     if isinstance(ty, FieldType):
-        return ty.dtype, ty.ndim, ty.elem_shape, ty.checked, ty.array_type
+        return ty.value_dtype, ty.ndim, ty.elem_shape, ty.checked, ty.array_type
     if isinstance(ty, types.Array):
         return ty.dtype, ty.ndim, (), False, ty
     return None
@@ -137,6 +138,90 @@ def _components(builder, valty, val, count):
     return [val] * count, [valty] * count  # a scalar fills every component
 
 
+def _is_half(ty) -> bool:
+    return isinstance(ty, FieldType) and ty.dtype == types.float16
+
+
+def _check_half_conversions(context) -> None:
+    """x86 converts f16 <-> f32 with F16C instructions; without them LLVM calls compiler-rt
+    helpers that Numba's JIT does not link (the process would crash)."""
+    from llvmlite import binding as llvm
+
+    from ..targets.cuda_compile import is_cuda_context
+
+    if is_cuda_context(context) or not llvm.get_process_triple().startswith(("x86_64", "i686")):
+        return
+    if "+f16c" not in getattr(context.codegen(), "_tm_features", "+f16c"):
+        raise typing_error(QuadrantsTypeError("f16 fields need a CPU with F16C instructions; use qd.f32 on "
+                                              "this machine"))
+
+
+def _load_scalar(context, builder, ty, ptr):
+    """One element component as the value dtype (f16 bits widen to f32)."""
+    if _is_half(ty):
+        bits = builder.load(ptr)
+        return builder.fpext(builder.bitcast(bits, llir.HalfType()), llir.FloatType())
+    return context.unpack_value(builder, _layout(ty)[0], ptr)
+
+
+def _store_scalar(context, builder, ty, value, valty, ptr) -> None:
+    """Store ``value`` (of type ``valty``) into one element component, converted to the dtype."""
+    if not _is_half(ty):
+        dtype = _layout(ty)[0]
+        context.pack_value(builder, dtype, context.cast(builder, value, valty, dtype), ptr)
+        return
+    if valty == types.float64:  # round once, as numpy's astype(float16) does
+        single = _round_to_odd_f32(builder, value)
+    else:
+        single = context.cast(builder, value, valty, types.float32)
+    builder.store(builder.bitcast(builder.fptrunc(single, llir.HalfType()), llir.IntType(16)), ptr)
+
+
+def _round_to_odd_f32(builder, x):
+    """``x`` (double) as a float rounded to odd: exact values stay, inexact ones get the odd
+    neighbour toward zero. Rounding that to half then equals rounding ``x`` to half directly
+    (float keeps at least 2 bits more than half's 11); rounding to nearest twice would not."""
+    f32, i32 = llir.FloatType(), llir.IntType(32)
+    nearest = builder.fptrunc(x, f32)
+    back = builder.fpext(nearest, x.type)
+    inexact = builder.fcmp_unordered("!=", back, x)
+    # nearest rounded away from zero: step its magnitude back (same sign: bits - 1)
+    away = builder.xor(builder.fcmp_ordered(">", back, x), builder.fcmp_ordered("<", x, x.type(0.0)))
+    bits = builder.sub(builder.bitcast(nearest, i32), builder.zext(builder.and_(inexact, away), i32))
+    return builder.bitcast(builder.or_(bits, builder.zext(inexact, i32)), f32)
+
+
+def _half_atomic(builder, opname, ptr, value):
+    """Atomic ``*ptr op= value`` on f16 bits, computed in f32; returns the old value as f32.
+    A compare-and-swap loop on the aligned 32-bit word holding the element (libNVVM rejects
+    16-bit cmpxchg; the other half of the word is written back unchanged or the swap retries)."""
+    f32, half, i16, i32, i64 = llir.FloatType(), llir.HalfType(), llir.IntType(16), llir.IntType(32), llir.IntType(64)
+    addr = builder.ptrtoint(ptr, i64)
+    word = builder.inttoptr(builder.and_(addr, i64(~3)), i32.as_pointer())
+    shift = builder.trunc(builder.shl(builder.and_(addr, i64(2)), i64(3)), i32)  # little-endian
+    keep = builder.not_(builder.shl(i32(0xFFFF), shift))
+    entry = builder.block
+    initial = builder.load(word)
+    loop = builder.append_basic_block("qd_half_atomic")
+    done = builder.append_basic_block("qd_half_atomic_done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    expected = builder.phi(i32)
+    expected.add_incoming(initial, entry)
+    old = builder.fpext(builder.bitcast(builder.trunc(builder.lshr(expected, shift), i16), half), f32)
+    if opname in ("add", "sub"):
+        new = (builder.fadd if opname == "add" else builder.fsub)(old, value)
+    else:
+        new = builder.select(builder.fcmp_ordered(">" if opname == "max" else "<", value, old), value, old)
+    new_bits = builder.zext(builder.bitcast(builder.fptrunc(new, half), i16), i32)
+    desired = builder.or_(builder.and_(expected, keep), builder.shl(new_bits, shift))
+    pair = builder.cmpxchg(word, expected, desired, "monotonic", "monotonic")
+    expected.add_incoming(builder.extract_value(pair, 0), builder.block)
+    builder.cbranch(builder.extract_value(pair, 1), done, loop)
+    builder.position_at_end(done)
+    return old
+
+
 @intrinsic
 def element_load(typingctx, f, idx):
     if _layout(f) is None:
@@ -145,9 +230,10 @@ def element_load(typingctx, f, idx):
     resty = _value_type(f)
 
     def codegen(context, builder, sig, args):
+        if _is_half(sig.args[0]):
+            _check_half_conversions(context)
         ptrs = _component_pointers(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        dtype = _layout(sig.args[0])[0]
-        loaded = [context.unpack_value(builder, dtype, p) for p in ptrs]
+        loaded = [_load_scalar(context, builder, sig.args[0], p) for p in ptrs]
         if isinstance(sig.return_type, types.BaseTuple):
             return context.make_tuple(builder, sig.return_type, loaded)
         return loaded[0]
@@ -165,11 +251,12 @@ def element_store(typingctx, f, idx, value):
 
     def codegen(context, builder, sig, args):
         fty, idxty, valty = sig.args
+        if _is_half(fty):
+            _check_half_conversions(context)
         ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
-        dtype = _layout(fty)[0]
         vals, vtys = _components(builder, valty, args[2], len(ptrs))
         for p, v, vt in zip(ptrs, vals, vtys):
-            context.pack_value(builder, dtype, context.cast(builder, v, vt, dtype), p)
+            _store_scalar(context, builder, fty, v, vt, p)
         return context.get_dummy_value()
 
     return types.none(f, idx, value), codegen
@@ -210,7 +297,9 @@ def element_atomic(typingctx, f, idx, value, op):
         olds = []
         for p, v, vt in zip(ptrs, vals, vtys):
             v = context.cast(builder, v, vt, dtype)
-            if nvvm_float:
+            if _is_half(fty):
+                olds.append(_half_atomic(builder, opname, p, v))
+            elif nvvm_float:
                 olds.append(cuda_atomic_rmw(builder, opname, p, v))
             else:
                 olds.append(builder.atomic_rmw(llop, p, v, "monotonic"))
@@ -238,7 +327,7 @@ def _field_getitem(f, idx):
     if f.elem_type is None:
         return lambda f, idx: element_load(f, idx)
     from_tuple = _matrix_helpers().matrix_from_tuple
-    elem = f.elem_type
+    elem = f.value_elem_type
     return lambda f, idx: from_tuple(element_load(f, idx), elem)
 
 

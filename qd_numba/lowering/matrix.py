@@ -32,10 +32,12 @@ from numba.core.imputils import (
     lower_cast,
     lower_constant,
     lower_getattr_generic,
+    lower_setattr_generic,
 )
 from numba.core.typing.templates import signature
 from numba.extending import NativeValue, box, intrinsic, register_model, unbox
 
+from ..errors import QuadrantsIndexError, typing_error
 from ..typing.matrix import (
     ARITH_OPS,
     COMPARE_OPS,
@@ -283,10 +285,17 @@ def _lower_matrix_cast(context, builder, fromty, toty, val):
 # ---------------------------------------------------------------------------------------------
 
 
+def _index_error(k: int, size: int) -> QuadrantsIndexError:
+    return typing_error(QuadrantsIndexError(f"index {k} is out of range for a vector/matrix dimension of size {size}"))
+
+
 def _wrap(builder, idx, size):
-    """Python-style wrap of a negative index (constant-folded for constants)."""
+    """Python-style wrap of a negative index (constant-folded for constants; a constant out of
+    range is a compile error, a runtime one is not checked)."""
     if isinstance(idx, llir.Constant):
         k = idx.constant
+        if not -size <= k < size:
+            raise _index_error(k, size)
         return idx.type(k + size if k < 0 else k)
     neg = builder.icmp_signed("<", idx, idx.type(0))
     return builder.select(neg, builder.add(idx, idx.type(size)), idx)
@@ -347,7 +356,7 @@ def _with_items(context, builder, mt, val, flat_indices, new_values):
     return builder.load(slot)
 
 
-@intrinsic
+@intrinsic(prefer_literal=True)  # a constant index stays constant: checked, no stack slot
 def matrix_with_item(typingctx, m, idx, val):
     """A new matrix equal to ``m`` with ``m[idx]`` replaced by ``val`` (``idx``: an int for vectors,
     an int (row; ``val`` a vector or a scalar to fill the row) or a 2-tuple for matrices)."""
@@ -355,6 +364,8 @@ def matrix_with_item(typingctx, m, idx, val):
         raise errors.TypingError(f"matrix_with_item needs a vector or matrix, got {m}")
     item_ty = types.unliteral(val) if not isinstance(val, MatrixType) else val
     target = getitem_type(m, idx)
+    if isinstance(idx, types.IntegerLiteral) and not -m.n <= idx.literal_value < m.n:
+        raise _index_error(idx.literal_value, m.n)  # ours: Numba would retry with a runtime index
     if isinstance(target, MatrixType):
         ok = is_scalar(item_ty) or (isinstance(item_ty, MatrixType) and item_ty.shape == target.shape)
     else:
@@ -443,6 +454,14 @@ def _lower_getattr(context, builder, mt, val, attr):
     if attr in ("n", "m"):
         return context.get_constant(types.intp, getattr(mt, attr))
     raise AttributeError(attr)
+
+
+@lower_setattr_generic(MatrixType)
+def _lower_setattr(context, builder, sig, args, attr):
+    # kernels rewrite component stores (passes/rewrite_subscripts.py); what reaches here cannot be
+    raise errors.TypingError(f"cannot assign '{attr}' of a {sig.args[0]}: vector/matrix values are immutable "
+                             "outside kernels and qd.func (use matrix_with_item), and only components "
+                             f"({', '.join(SWIZZLE)}) can be assigned")
 
 
 def _reduce(context, builder, op, dtype, vals):

@@ -125,10 +125,13 @@ def _nested_atomic(base, outer_index, inner_index, value, op):
     return impl
 
 
-@overload(subscript_store)
+@overload(subscript_store, prefer_literal=True)
 def _subscript_store(target, index, value):
     if _is_matrix(target):
         from .matrix import matrix_with_item
+        if isinstance(index, types.IntegerLiteral):  # v[2] = x, v.z = x: a constant index, checked
+            k = index.literal_value
+            return lambda target, index, value: matrix_with_item(target, k, value)
         return lambda target, index, value: matrix_with_item(target, index, value)
     if isinstance(target, FieldType):
         def store_field(target, index, value):

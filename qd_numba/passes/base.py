@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 from ..errors import QuadrantsSyntaxError, located
 from ..generated_code import exec_generated
+from ..typing.matrix import MatrixType
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +191,10 @@ def argument_of(state, var):
 
 
 def is_global_data(state, var) -> bool:
-    """True if ``var`` is (a copy of) a kernel argument or hidden field argument."""
-    return argument_of(state, var) is not None
+    """True if ``var`` is (a copy of) a kernel argument or hidden field argument; not a
+    vector/matrix argument, a value like a local vector (``v.x = 0`` updates the kernel's copy)."""
+    arg = argument_of(state, var)
+    return arg is not None and not isinstance(state.param_types.get(arg.name), MatrixType)
 
 
 _MISSING = object()

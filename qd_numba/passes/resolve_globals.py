@@ -28,6 +28,7 @@ import weakref
 
 from ..errors import QuadrantsNameError, QuadrantsSyntaxError, QuadrantsTypeError, QuadrantsWarning
 from ..field import ArrayData
+from ..matrix import Matrix
 from .base import MISSING, try_static
 
 _warned_frozen = weakref.WeakKeyDictionary()  # kernel's Python function -> lists it was warned about
@@ -37,6 +38,8 @@ def _foldable(value) -> bool:
     """Values whose attributes are safe to evaluate at compile time."""
     from ..kernel import QdFunc
 
+    if isinstance(value, (Matrix, type(Matrix))):  # Numba types these (typing/matrix.py), methods too
+        return False
     if isinstance(value, (ArrayData, pytypes.ModuleType, QdFunc)):
         return True
     if isinstance(value, (int, float, bool, str, tuple, list, dict, type(None))):

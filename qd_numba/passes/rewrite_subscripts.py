@@ -9,6 +9,7 @@ a field or an ndarray argument, ``L`` a local value):
 ``G[I][J] op= V`` (vector field component)  ``nested_atomic(G, I, J, V, op)``
 ``G[I] = V``                                kept (a plain store)
 ``L[I] = V`` (local vector/matrix)          ``L = subscript_store(L, I, V)``: value update
+``L.x = V`` (component xyzw, rgba, stpq)    as ``L[0] = V``; ``L.x`` is ``L[0]`` in all of these
 ``G[I][J] = V``                             ``T = G[I]; T[J] = V; G[I] = T`` (value types)
 ``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
 ``qd.atomic_<op>(G[I][J], V)``              ``nested_atomic(G, I, J, V, op)``: returns old
@@ -28,6 +29,7 @@ from collections.abc import Callable
 
 from ..lang import ATOMIC_FUNCTIONS
 from ..lowering import subscripts as impl
+from ..typing.matrix import SWIZZLE
 from .base import MISSING, is_global_data, try_static
 from .ir_builder import emit_call
 
@@ -51,6 +53,8 @@ def _subscript(state, var):
         return Subscript(d.value, d.index)
     if isinstance(d, ir.Expr) and d.op == "static_getitem":
         return Subscript(d.value, d.index_var, d.index)
+    if isinstance(d, ir.Expr) and d.op == "getattr" and d.attr in SWIZZLE:  # v.x is v[0]
+        return Subscript(d.value, None, SWIZZLE[d.attr])
     return None
 
 
@@ -84,12 +88,16 @@ class _Emitter:
 # -- matchers: statement -> match dict or None --------------------------------------------------------
 
 def _store(state, stmt):
-    """``target[index] = value``: target, the index as a Subscript of the target, the value."""
+    """``target[index] = value`` (or ``target.x = value``): target, the index as a Subscript of the
+    target, the value."""
     ir = state.ir
     if isinstance(stmt, ir.SetItem):
         return {"target": stmt.target, "sub": Subscript(stmt.target, stmt.index), "value": stmt.value}
     if isinstance(stmt, ir.StaticSetItem):
         return {"target": stmt.target, "sub": Subscript(stmt.target, stmt.index_var, stmt.index),
+                "value": stmt.value}
+    if isinstance(stmt, ir.SetAttr) and stmt.attr in SWIZZLE:   # v.x = value is v[0] = value
+        return {"target": stmt.target, "sub": Subscript(stmt.target, None, SWIZZLE[stmt.attr]),
                 "value": stmt.value}
     return None
 

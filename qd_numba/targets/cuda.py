@@ -439,7 +439,7 @@ class LaunchPlan:
         self.static_totals = static_totals
         self.tmp_dev = tmp_dev
         self.field_table = field_table      # the device table the context parameter points to
-        self.ret = ret                      # (byte offset, numpy dtype) or None
+        self.ret = ret                      # (byte offset, numpy dtype, element count) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
         self.artifact_key = artifact_key(kernel, state.param_types, state.template_values, state.hidden,
@@ -522,22 +522,45 @@ class LaunchPlan:
         _check((_driver().CUresult(status & 0xFFFFFFFF),), f"launching {task.name}")
 
     def _result(self):
-        off, dt = self.ret
-        raw = self.tmp_dev[off:off + dt.itemsize].copy_to_host()
-        result = raw.view(dt)[0].item()
-        rt = self.kernel.return_type
-        if isinstance(rt, types.Integer):
-            return int(result)
-        if isinstance(rt, types.Float):
-            return float(result)
-        if isinstance(rt, types.Boolean):
-            return bool(result)
-        return result
+        off, dt, count = self.ret
+        raw = self.tmp_dev[off:off + dt.itemsize * count].copy_to_host()
+        return read_return(raw, dt, self.kernel.return_type)
 
     def _make_runner(self):
         src, ns = _runner_source(self)
         exec_generated(src, f"launch {self.kernel.qualname}", ns)
         return ns["make"]()
+
+
+def return_slot(ty) -> tuple[np.dtype, int]:
+    """(numpy dtype, element count) of a kernel's return value of Numba type ``ty`` in its
+    temporary slot: a scalar, or a vector's/matrix's elements, row-major."""
+    from numba.np.numpy_support import as_dtype
+
+    from ..typing.matrix import MatrixType
+
+    if isinstance(ty, MatrixType):
+        return as_dtype(ty.dtype), ty.count
+    return as_dtype(ty), 1
+
+
+def read_return(raw: np.ndarray, dt: np.dtype, return_type):
+    """The value a kernel returns from the bytes of its return slot (elements of dtype ``dt``):
+    a Python scalar, or a qd.Vector/qd.Matrix of the annotated type, as on the CPU."""
+    from ..matrix import from_flat_tuple
+    from ..typing.matrix import MatrixType
+
+    values = raw.view(dt)
+    if isinstance(return_type, MatrixType):
+        return from_flat_tuple(tuple(values[:return_type.count].tolist()), return_type)
+    result = values[0].item()
+    if isinstance(return_type, types.Integer):
+        return int(result)
+    if isinstance(return_type, types.Float):
+        return float(result)
+    if isinstance(return_type, types.Boolean):
+        return bool(result)
+    return result
 
 
 def _copy_back(view):
@@ -579,6 +602,10 @@ def _runner_source(plan):
             (cell,) = plan.cells[name]
             ns[f"c{i}"] = cell
             body.append(f"c{i}.value = a{i}")
+        elif kind == "matrix":  # a qd.Vector/Matrix (see CudaKernel): one cell per element
+            ns[f"c{i}"] = tuple(plan.cells[name])
+            body += [f"for cell, x in zip(c{i}, a{i}.entries.reshape(-1).tolist()):",
+                     "    cell.value = x"]
         else:
             ns[f"n{i}"] = name
             state += [f"last{i} = None", f"key{i} = None"]
@@ -589,7 +616,9 @@ def _runner_source(plan):
         changed = []
         for i in plan.totals_args:
             state.append(f"t{i} = UNSET")
-            changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if params[i][1] == "ndarray"
+            kind = params[i][1]
+            changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if kind == "ndarray"
+                           else "True" if kind == "matrix"  # a qd.Vector may have changed in place
                            else f"a{i} != t{i}")
         tracked = [f"t{i}" for i in plan.totals_args]
         body += [f"if {' or '.join(changed)}:" if changed else "if True:",
@@ -655,6 +684,7 @@ class CudaKernel:
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
               "plans": self.plans, "build": self._plan, "check_scalar": _check_scalar,
+              "check_matrix": _check_matrix,
               "kernel": self.kernel}
         body, key, views = [], [], []
         for i, p in enumerate(params):
@@ -666,6 +696,9 @@ class CudaKernel:
                 views.append(f"v{i}")
             elif p.kind == "template":
                 key.append(f"template_key(a{i})")
+            elif p.kind == "matrix":
+                ns[f"p{i}"] = p
+                body.append(f"a{i} = check_matrix(kernel, p{i}, a{i})")
             else:
                 ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
                 body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
@@ -715,6 +748,16 @@ def _check_scalar(kernel, p, a):
         if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
             raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
         raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+
+
+def _check_matrix(kernel, p, a):
+    """A vector/matrix argument as a qd.Vector/qd.Matrix of its parameter's type."""
+    from ..matrix import matrix_argument
+
+    try:
+        return matrix_argument(a, p.nbtype)
+    except QuadrantsTypeError as e:
+        raise QuadrantsTypeError(f"kernel '{kernel.name}', argument '{p.name}': {e}") from None
 
 
 def field_token(field):
@@ -824,7 +867,7 @@ def plan_types(kernel, args, views):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
         if p.kind == "template":
             templates[p.name] = a
-        elif p.kind == "scalar":
+        elif p.kind in ("scalar", "matrix"):
             param_types[p.name] = p.nbtype
         else:
             param_types[p.name] = _view_type(where, p.annotation, views[p.name])
@@ -866,8 +909,6 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     totals_fn, static_totals = host_totals(kernel, state, param_types, [u for u, _, _ in compiled])
     ret = None
     if plan_ir.ret_slot is not None:
-        from numba.np.numpy_support import as_dtype
-
-        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, as_dtype(temp_types["$qd_return"]))
+        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
     params = [(p.name, p.kind) for p in kernel.params]
     return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)

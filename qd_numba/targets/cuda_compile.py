@@ -290,7 +290,10 @@ def install_cuda_extensions() -> None:
 
     * ``typeof``: numba-cuda's (``numba.cuda.typing.typeof.typeof_impl``) falls back to Numba's
       for plain objects but dispatches every class object to its own ``type`` handler, which does
-      not know ``qd.Vector``/``qd.Matrix`` (classes with the ``_MatrixMeta`` metaclass).
+      not know ``qd.Vector``/``qd.Matrix`` (classes with the ``_MatrixMeta`` metaclass), and every
+      Numba type to its own ``TypeRef`` handler, so ``vec3 = qd.types.vector(3, qd.f32)`` would
+      be a plain ``TypeRef`` whose call ``vec3(a, b, c)`` numba-cuda cannot lower
+      (``numba_typeref_ctor``) instead of our ``MatrixTypeRef``.
     * the before-inference rewrite of matrix literal lists (typing/matrix.py), on numba-cuda's
       IR classes.
 
@@ -302,10 +305,10 @@ def install_cuda_extensions() -> None:
     from numba.cuda.typing.typeof import typeof_impl as cuda_typeof_impl
 
     from ..matrix import _MatrixMeta
-    from ..typing.matrix import matrix_literal_rewrite
+    from ..typing.matrix import MatrixType, matrix_literal_rewrite
 
-    for meta in (_MatrixMeta,):
-        cuda_typeof_impl.register(meta)(core_typeof_impl.dispatch(meta))
+    for cls in (_MatrixMeta, MatrixType):
+        cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
     register_rewrite("before-inference")(matrix_literal_rewrite(cuda_ir, Rewrite))
 
 

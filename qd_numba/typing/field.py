@@ -5,6 +5,10 @@ remembers how many leading dimensions index *elements* (``ndim``) and the elemen
 (``None`` for scalars, a vector/matrix type otherwise). Indexing a ``FieldType`` with
 ``ndim`` indices yields a scalar or a vector/matrix value; see lowering/field.py.
 
+``f16`` data (Numba's CPU target has no half type): the buffer is typed as ``uint16`` (the
+elements' bits) and compiled code computes on the elements as ``f32``, as Quadrants does:
+loads widen, stores round to nearest-even (``value_dtype`` / ``value_elem_type``).
+
 Values of this type reach compiled code only as kernel arguments (fields as hidden
 arguments): the launcher passes the numpy buffer and :func:`_unbox_field` wraps it, at no
 cost beyond unboxing the array. ``checked`` types bounds-check every access (``debug=True``).
@@ -29,7 +33,11 @@ class FieldType(types.Type):
         self.readonly = readonly
         self.checked = checked
         self.kind = kind
-        self.array_type = types.Array(dtype, ndim + len(self.elem_shape), layout, readonly=readonly)
+        half = dtype == types.float16
+        self.value_dtype = types.float32 if half else dtype
+        self.value_elem_type = elem_type.with_dtype(types.float32) if half and elem_type is not None else elem_type
+        self.array_type = types.Array(types.uint16 if half else dtype, ndim + len(self.elem_shape), layout,
+                                      readonly=readonly)
         elem = f", elem={elem_type}" if elem_type is not None else ""
         super().__init__(
             name=f"qd.{kind}({dtype}, ndim={ndim}{elem}, {layout}{', readonly' if readonly else ''}"

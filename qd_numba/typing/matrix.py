@@ -522,7 +522,8 @@ class MatrixSetItem(AbstractTemplate):
 # typing templates: attributes and methods
 # ---------------------------------------------------------------------------------------------
 
-SWIZZLE = {"x": 0, "y": 1, "z": 2, "w": 3}
+# component names of a vector, as in Quadrants (GLSL): v.x / v.r / v.s is v[0], ...
+SWIZZLE = {name: k for group in ("xyzw", "rgba", "stpq") for k, name in enumerate(group)}
 
 
 def _need_vector(mt, name):

@@ -147,7 +147,7 @@ def _check_half_conversions(context) -> None:
     helpers that Numba's JIT does not link (the process would crash)."""
     from llvmlite import binding as llvm
 
-    from ..targets.cuda_compile import is_cuda_context
+    from .device import is_cuda_context
 
     if is_cuda_context(context) or not llvm.get_process_triple().startswith(("x86_64", "i686")):
         return

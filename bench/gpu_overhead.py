@@ -47,7 +47,7 @@ def main():
     a = qd.ndarray(qd.f32, shape=(1024,))
     b = qd.ndarray(qd.f32, shape=(1024,))
     copy_nd(a, b)
-    plan = inc._gpu().plan_for(())
+    plan = inc.backend().plan_for(())
     launch = plan.launches[0]
     out = {}
     out["cuda_bindings_cuLaunchKernel"] = per_call_us(
@@ -77,7 +77,7 @@ def main():
     plan.packed[1] = saved
     out["plan.run"] = per_call_us(plan.run)
     out["inc() full call"] = per_call_us(inc)
-    gpu = copy_nd._gpu()
+    gpu = copy_nd.backend()
     nd_plan = gpu.plan_for((a, b))
     va, vb = a._cuda_view, b._cuda_view
     out["copy_nd plan.run"] = per_call_us(lambda: nd_plan.run(a, b, va, vb))

@@ -46,7 +46,9 @@ from .errors import (
     QuadrantsWarning,
 )
 from .field import Field, Ndarray, field, ndarray
-from .kernel import Kernel, QdFunc, Template, func, kernel, template
+from .frontend.args import Template, template
+from .frontend.objects import QdFunc, func
+from .kernel import Kernel, kernel
 from .lang import (
     atomic_add,
     atomic_and,

@@ -59,10 +59,9 @@ class ArrayData:
         self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
         # on a GPU arch the device buffer is the data (``_arr`` only gives shape and dtype)
         self._dev = None
-        if config.current.arch == "cuda":
-            from .targets.cuda import ensure_device
+        from .targets.base import target_for
 
-            ensure_device(self)
+        target_for(config.current.arch).place(self)
 
     # -- python-scope access -------------------------------------------------------
     def _index(self, key):

@@ -74,7 +74,7 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
                 "`pip install qd_numba[cuda]`); use qd.cpu")
         from .targets.cuda import CudaRuntime
 
-        CudaRuntime.get()
+        CudaRuntime.get()   # the device and its context now: a missing GPU is an error of qd.init
         arch = cuda
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
@@ -140,10 +140,9 @@ def _reset_random() -> None:
 
 def sync() -> None:
     """Wait for every launched kernel (CPU kernels finish before they return)."""
-    if config.current.arch == cuda:
-        from numba import cuda as numba_cuda
+    from .targets.base import target_for
 
-        numba_cuda.synchronize()
+    target_for(config.current.arch).synchronize()
 
 
 def reset() -> None:

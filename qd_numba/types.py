@@ -27,7 +27,7 @@ from .dtypes import (  # noqa: F401
     uint32,
     uint64,
 )
-from .kernel import NDArray, NdarraySpec, Template
+from .frontend.args import NDArray, NdarraySpec, Template
 from .matrix import matrix, vector  # noqa: F401
 
 

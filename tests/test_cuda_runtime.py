@@ -292,11 +292,11 @@ def test_debug_checks_are_off_in_release(rng):
     a = data.copy()
     scale(a, 3.0)
     _close_f32(a, data.astype(np.float64) * 3.0)
-    plan = scale._gpu().plan_for((a, 3.0))
+    plan = scale.backend().plan_for((a, 3.0))
     assert plan.error_words == []  # release kernels record nothing and the launcher never syncs
     qd.init(arch=qd.cuda, debug=True)
     try:
-        plan = scale._gpu().plan_for((a, 3.0))
+        plan = scale.backend().plan_for((a, 3.0))
         assert len(plan.error_words) == 1
         scale(a, 2.0)
         _close_f32(a, data.astype(np.float64) * 6.0, ops=2)
@@ -354,7 +354,7 @@ def test_block_size_from_occupancy(rng):
     ref = 1.5 * x.astype(np.float64) + y
     axpy(x, y, 1.5)
     _close_f32(y, ref)
-    (launch,) = axpy._gpu().plan_for((x, y, 1.5)).launches
+    (launch,) = axpy.backend().plan_for((x, y, 1.5)).launches
     rt = CudaRuntime.get()
     assert launch.block % 32 == 0 and 32 <= launch.block <= 1024
     assert launch.grid * launch.block <= rt.max_threads  # never more threads than RNG states

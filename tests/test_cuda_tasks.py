@@ -94,7 +94,7 @@ def many_spaces(a: qd.types.ndarray(dtype=qd.f32, ndim=2), lo: qd.i32, step: qd.
 def test_host_iteration_counts_match_python(rng):
     param_types = {"a": types.float32[:, ::1], "lo": types.int32, "step": types.int32,
                    "v": None}
-    from qd_numba.kernel import _ndarray_type
+    from qd_numba.frontend.args import ndarray_type as _ndarray_type
 
     v = np.zeros((11, 2), np.float32)
     param_types["v"] = _ndarray_type("v", many_spaces.params[3].annotation, v, False)

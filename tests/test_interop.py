@@ -173,13 +173,21 @@ def test_numpy_fast_path_unchanged(cpu_only, rng):
     axpy(y, x, 1.0)
     before = axpy.compile_count
     calls = []
-    original = axpy._slow_call
-    axpy._slow_call = lambda *args: calls.append(args) or original(*args)
+    backend = axpy.backend()
+    original = backend.slow_call
+    backend.slow_call = lambda *args: calls.append(args) or original(*args)
     try:
         axpy(y, x, 1.0)
     finally:
-        del axpy._slow_call
+        del backend.slow_call
     assert calls == [] and axpy.compile_count == before
+    # the patch is seen: a call the fast path cannot serve takes it
+    backend.slow_call = lambda *args: calls.append(args) or original(*args)
+    try:
+        axpy(y[::2], x[::2], 1.0)   # a new layout: the fast path misses, the slow path compiles it
+    finally:
+        del backend.slow_call
+    assert len(calls) == 1
 
 
 # -- qd.cuda: host array-likes other than numpy keep a clear error ----------------------------------------

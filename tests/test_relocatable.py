@@ -95,7 +95,7 @@ def _artifact_key(kernel, *args):
     """The content key of the compiled code these arguments select, on the suite's arch."""
     if qd_config.current.arch == "cpu":
         return kernel.last_instance.artifact_key
-    return kernel._gpu().plan_for(args).artifact_key
+    return kernel.backend().plan_for(args).artifact_key
 
 
 def test_artifact_key_follows_what_changes_the_code(rng):

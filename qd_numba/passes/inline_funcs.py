@@ -9,6 +9,7 @@ calls (they compile as ordinary Numba functions). Recursion is a QuadrantsSyntax
 from __future__ import annotations
 
 from ..errors import QuadrantsSyntaxError
+from ..frontend.objects import QdFunc
 from .base import MISSING, try_static
 
 
@@ -16,7 +17,6 @@ class InlineFuncs:
     name = "inline_funcs"
 
     def run(self, state) -> bool:
-        from ..kernel import QdFunc
 
         ir = state.ir
         changed = False

@@ -4,7 +4,7 @@ Input: the kernel IR right after Offload (``state.loops`` known, before fusion).
 when the kernel calls ``qd.random``:
 
 * the entry block reads this launch's key from the generator state, a runtime-owned uint64
-  field (``runtime.random_state()``, a hidden argument like any field), advancing its launch
+  field (``state.random_state()``: the runtime's, handed in by the target), advancing its launch
   count: ``key = launch_key(state)``;
 * each top-level loop's header resets a per-iteration call counter to 0, and serial code
   has one counter for the whole launch, set to 0 in the entry block;
@@ -24,7 +24,7 @@ import operator
 
 from numba.core import types
 
-from .. import dtypes, runtime
+from .. import dtypes
 from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..lang import random as qd_random
 from ..lowering.random import launch_key, random_at
@@ -71,7 +71,7 @@ class BindRandomStreams:
         stream_of = {lbl: k + 1 for k, lp in enumerate(loops) for lbl in lp.body}
         self.state, self.scope = state, scope
 
-        generator = _hidden_argument(state, runtime.random_state(), loc)
+        generator = _hidden_argument(state, state.random_state(), loc)
         self.key = scope.redefine("$qd_rng_key", loc)
         prologue = self._call(launch_key, [generator], self.key, loc)
         counters = {}   # stream -> (counter variable, index variable)

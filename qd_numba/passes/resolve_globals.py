@@ -28,6 +28,7 @@ import weakref
 
 from ..errors import QuadrantsNameError, QuadrantsSyntaxError, QuadrantsTypeError, QuadrantsWarning
 from ..field import ArrayData
+from ..frontend.objects import KernelObject, QdFunc
 from ..matrix import Matrix
 from .base import MISSING, try_static
 
@@ -36,7 +37,6 @@ _warned_frozen = weakref.WeakKeyDictionary()  # kernel's Python function -> list
 
 def _foldable(value) -> bool:
     """Values whose attributes are safe to evaluate at compile time."""
-    from ..kernel import QdFunc
 
     if isinstance(value, (Matrix, type(Matrix))):  # Numba types these (typing/matrix.py), methods too
         return False
@@ -53,7 +53,6 @@ class ResolveGlobals:
 
     def run(self, state) -> bool:
         ir = state.ir
-        from ..kernel import Kernel
 
         changed = False
         self._new_args = []
@@ -87,7 +86,7 @@ class ResolveGlobals:
                     changed = True
                 if isinstance(value, (ir.Global, ir.FreeVar)):
                     obj = value.value
-                    if isinstance(obj, Kernel):
+                    if isinstance(obj, KernelObject):
                         raise state.error(QuadrantsSyntaxError,
                                           f"cannot call kernel '{obj.name}' from a kernel; use @qd.func for helpers",
                                           stmt.loc)

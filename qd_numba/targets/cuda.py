@@ -26,15 +26,17 @@ import threading
 import numpy as np
 from numba.core import types
 
-from .. import config, profiler
+from .. import config, profiler, runtime
 from ..errors import QuadrantsRuntimeError, QuadrantsTypeError, take_pending
 from ..field import Ndarray
+from ..frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, ndarray_type, template_key
+from ..frontend.diagnostics import compile_error
 from ..frontend.keys import artifact_key
 from ..generated_code import exec_generated
-from ..kernel import template_key  # this module is imported by kernel.py's GPU path, after it
 from ..lowering import device
 from ..lowering.raising import device_exception
 from . import cuda_tasks
+from .base import KernelBackend, Target
 
 CODEGEN_STAGES = ("split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
                   "(targets/cuda_tasks.py)",
@@ -387,15 +389,13 @@ def _dlpack_view(a, where: str) -> ArrayView:
 
 def _view_type(where, spec, view):
     """The Numba type of an ndarray argument, through the CPU typing of an equivalent numpy view."""
-    from ..kernel import _ndarray_type
-
     stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, view.dtype), shape=view.shape,
                                                strides=[0] * len(view.shape))
     stand_in = np.ascontiguousarray(stand_in) if view.c_contiguous else stand_in
     if view.readonly:
         stand_in = stand_in.view()
         stand_in.flags.writeable = False
-    ty = _ndarray_type(where, spec, stand_in, config.current.debug)
+    ty = ndarray_type(where, spec, stand_in, config.current.debug)
     if not view.c_contiguous:
         ty = ty.copy(layout="A") if isinstance(ty, types.Array) else ty
     return ty
@@ -514,7 +514,7 @@ class LaunchPlan:
             line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
             where = f" (task {launch.task.name}" + (f", {line}" if line else "") + ")"
             exc = cls(*exc_args) if exc_args else cls()
-            err = self.kernel._runtime_error(exc, args)
+            err = self.kernel.runtime_error(exc)
             raise type(err)(f"{err}{where}") from None
 
     def _failed(self, status):
@@ -659,23 +659,52 @@ def _grid(total: int, block: int, max_grid: int) -> int:
     return min(-(-total // block), max_grid) if total > 0 else 0
 
 
-class CudaKernel:
+class CudaTarget(Target):
+    arch = "cuda"
+    codegen_stages = CODEGEN_STAGES
+
+    def kernel_backend(self, kernel) -> CudaKernel:
+        return CudaKernel(kernel)
+
+    def place(self, data) -> None:
+        ensure_device(data)
+
+    def synchronize(self) -> None:
+        CudaRuntime.get().cuda.synchronize()
+
+
+class CudaKernel(KernelBackend):
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
 
-    def __init__(self, kernel):
-        from ..kernel import _INT_TYPES, _NUMBER_TYPES
+    arch = "cuda"
 
+    def __init__(self, kernel):
         self.kernel = kernel
         self.plans = {}
         self.lock = threading.RLock()
-        self._where = [f"kernel '{kernel.name}', argument '{p.name}'" for p in kernel.params]
+        self._where = [argument_where(kernel, p) for p in kernel.params]
         for p in kernel.params:
             if p.kind == "scalar":
-                p.exact_types = _INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES
-        self.caller = self._make_caller()
+                p.exact_types = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
+        self.caller = self._make_launcher()
 
     # -- the call path ---------------------------------------------------------------------------
-    def _make_caller(self):
+    def make_caller(self):
+        """The kernel's ``__call__`` on CUDA: the kernel's parameters (Kernel.caller_prologue),
+        then the launcher's generated ``caller``."""
+        ns = {"caller": self.caller}
+        lines, names = self.kernel.caller_prologue(ns)
+        lines.append(f"    return caller({', '.join(names)})")
+        exec_generated("\n".join(lines) + "\n", f"call {self.kernel.qualname}", ns)
+        return ns["__call__"]
+
+    def call(self, *args):
+        return self.caller(*args)
+
+    def tasks(self, args) -> list:
+        return list(self.plan_for(args).tasks)
+
+    def _make_launcher(self):
         """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
         arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of
         an exact Python or numpy type pass without a check; anything else is validated.
@@ -726,8 +755,6 @@ class CudaKernel:
 
     # -- building a plan ------------------------------------------------------------------------
     def _build(self, args, views):
-        from ..kernel import compile_error
-
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
         try:
@@ -741,13 +768,10 @@ class CudaKernel:
 
 
 def _check_scalar(kernel, p, a):
-    from ..kernel import _INT_TYPES, _NUMBER_TYPES
-
-    if type(a) not in (_INT_TYPES if isinstance(p.nbtype, types.Integer) else _NUMBER_TYPES):
-        where = f"kernel '{kernel.name}', argument '{p.name}'"
-        if isinstance(p.nbtype, types.Integer) and isinstance(a, (float, np.floating)):
-            raise QuadrantsTypeError(f"{where}: expected an integer ({p.nbtype}), got float {a!r}")
-        raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+    """A scalar argument whose type is not one of the exact types the fast path takes."""
+    where = argument_where(kernel, p)
+    check_scalar(where, p, a)
+    raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
 
 
 def _check_matrix(kernel, p, a):
@@ -782,7 +806,7 @@ def compile_state(kernel, param_types, templates):
     state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name,
                          config=cfg, runtime_params=runtime_params, param_types=param_types,
                          template_values=templates, kernel_qualname=kernel.qualname,
-                         returns_value=kernel.return_type is not None)
+                         returns_value=kernel.return_type is not None, random_state=runtime.random_state)
     take_pending()
     with profiler.stage("untyped passes"):
         run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)

@@ -1,0 +1,43 @@
+"""What the compiler recognises in kernel code besides data: ``@qd.func`` functions (inlined
+into their callers) and kernels (which kernel code may not call). Passes test for these classes;
+they live below the passes, so passes never import the kernel module.
+"""
+
+from __future__ import annotations
+
+from ..errors import QuadrantsSyntaxError
+from .diagnostics import run_frontend
+
+
+class KernelObject:
+    """Base class of ``@qd.kernel`` objects (kernel.py), for passes to recognise them."""
+
+    name: str
+
+
+class QdFunc:
+    """``@qd.func``: inlined into its callers at compile time."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__qualname__
+        self._ir = {}
+
+    def frontend_ir(self, tools):
+        key = id(tools.ir)
+        if key not in self._ir:
+            self._ir[key] = run_frontend(tools, self.fn, self.name)
+        return self._ir[key]
+
+    def __call__(self, *args, **kwargs):
+        raise QuadrantsSyntaxError(f"qd.func '{self.name}' can only be called from a kernel or another qd.func")
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def func(fn=None, *, is_real_function=False):
+    """Decorator: a function inlined into kernels (arguments, return values, templates)."""
+    if fn is None:
+        return lambda f: QdFunc(f)
+    return QdFunc(fn)

@@ -1,0 +1,73 @@
+"""The Target interface: what a backend provides, and the registry that finds one by arch.
+
+A :class:`Target` (one per arch, made on first use) compiles and runs kernels and owns the
+storage of fields and ndarrays. The kernel front end (kernel.py) knows no target: it asks the
+registry for the current arch's target and gets, per kernel, a :class:`KernelBackend` — that
+target's compiled instances of the kernel and its generated call path.
+
+Adding a backend means implementing these two classes and adding a row to ``_REGISTRY``; the
+front end, the passes and the Task list are shared.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+_REGISTRY = {
+    "cpu": ("qd_numba.targets.cpu_target", "CpuTarget"),
+    "cuda": ("qd_numba.targets.cuda", "CudaTarget"),
+}
+_targets: dict = {}
+_lock = threading.Lock()
+
+
+class KernelBackend:
+    """One kernel on one target: its compiled instances and its call path."""
+
+    arch: str
+
+    def make_caller(self):
+        """The kernel's ``__call__`` for this target (generated per kernel: parameters named as
+        the kernel's, so CPython binds keywords; misses and bad calls go to ``Kernel``)."""
+        raise NotImplementedError
+
+    def call(self, *args):
+        """Run the kernel on arguments already bound to its parameters (the checked path)."""
+        raise NotImplementedError
+
+    def tasks(self, args) -> list:
+        """The Tasks of the instance these bound arguments select (compiling it if needed)."""
+        raise NotImplementedError
+
+
+class Target:
+    """One backend."""
+
+    arch: str
+    codegen_stages: tuple = ()      # what it does after the shared untyped pipeline (for QD_DUMP_IR)
+
+    def kernel_backend(self, kernel) -> KernelBackend:
+        raise NotImplementedError
+
+    def place(self, data) -> None:
+        """Give a new field or qd.ndarray its storage on this target (nothing for host memory)."""
+
+    def synchronize(self) -> None:
+        """Wait for all work this target has started (``qd.sync()``)."""
+
+
+def target_for(arch: str) -> Target:
+    """The target of ``arch`` (made once per process)."""
+    target = _targets.get(arch)
+    if target is None:
+        if arch not in _REGISTRY:
+            from ..errors import QuadrantsRuntimeError
+
+            raise QuadrantsRuntimeError(f"no qd_numba target for arch {arch!r}; targets: {', '.join(_REGISTRY)}")
+        with _lock:
+            target = _targets.get(arch)
+            if target is None:
+                module, name = _REGISTRY[arch]
+                target = _targets[arch] = getattr(importlib.import_module(module), name)()
+    return target

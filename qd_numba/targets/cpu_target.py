@@ -1,0 +1,226 @@
+"""The CPU target: compiled instances of a kernel, and its generated call path.
+
+A kernel is compiled once per *instance key*: the Numba types of its ndarray arguments and the
+values of its template arguments. The call path (:meth:`CpuKernel.make_caller`) is generated
+per kernel: it converts each ndarray argument to the numpy array the kernel uses, looks the key
+up and calls the compiled driver's native entry point with the runtime arguments plus the hidden
+field buffers — one Python frame per call. Argument validation, error messages and compilation
+happen on a miss, in :meth:`CpuKernel.slow_call`. Code generation is in targets/cpu.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import _dispatcher
+from numba.core import types
+
+from .. import config, profiler, runtime
+from ..errors import QuadrantsError, QuadrantsTypeError, take_pending
+from ..field import Field, Ndarray
+from ..frontend.args import (
+    INT_TYPES,
+    NUMBER_TYPES,
+    argument_where,
+    check_scalar,
+    field_for_ndarray_message,
+    field_type,
+    host_array,
+    ndarray_type,
+    template_key,
+)
+from ..frontend.diagnostics import compile_error
+from ..frontend.keys import artifact_key
+from ..generated_code import exec_generated
+from ..matrix import matrix_argument
+from ..passes.base import CompileState, IRTools, copy_ir
+from ..passes.pipeline import run_untyped_pipeline
+from . import cpu
+from .base import KernelBackend, Target
+
+
+class Instance:
+    """One compiled kernel instance (per argument types and template values)."""
+
+    __slots__ = ("entry", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
+
+    def __init__(self, entry, hidden, tasks, cres, task_functions, state, artifact_key):
+        self.entry, self.hidden, self.tasks = entry, hidden, tasks
+        self.cres, self.task_functions, self.state = cres, task_functions, state
+        self.artifact_key = artifact_key    # content key of the compiled code (frontend/keys.py)
+
+
+class CpuTarget(Target):
+    arch = "cpu"
+    codegen_stages = cpu.CODEGEN_STAGES
+
+    def kernel_backend(self, kernel) -> CpuKernel:
+        return CpuKernel(kernel)
+
+
+class CpuKernel(KernelBackend):
+    """One kernel on the CPU: its instances by key, and its call path."""
+
+    arch = "cpu"
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.instances = {}
+        self.lock = kernel._lock
+
+    # -- the call path ---------------------------------------------------------------------------
+    def make_caller(self):
+        """The kernel's ``__call__`` on the CPU (see the module docstring)."""
+        kernel = self.kernel
+        ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
+              "matrix_argument": matrix_argument, "instances": self.instances, "backend": self,
+              "ndarray": np.ndarray, "host_array": host_array}
+        lines, names = kernel.caller_prologue(ns)
+        lines.append("    try:")
+        key_items, runtime = [], []
+        for name, p in zip(names, kernel.params):
+            if p.kind == "ndarray":
+                # numpy arrays pass with one type check; anything else becomes the numpy view
+                # of its memory (host_array)
+                ns[f"where_{name}"] = argument_where(kernel, p)
+                lines.append(f"        if type({name}) is not ndarray: "
+                             f"{name} = {name}._arr if type({name}) is Ndarray else host_array({name}, where_{name})")
+                key_items.append(f"fingerprint({name})")
+                runtime.append(name)
+            elif p.kind == "template":
+                key_items.append(f"template_key({name})")
+            elif p.kind == "matrix":  # a qd.Vector/Matrix of the annotated type (else TypeError)
+                ns[f"type_{name}"] = p.nbtype
+                lines.append(f"        {name} = matrix_argument({name}, type_{name})")
+                runtime.append(name)
+            else:
+                # exact-type membership: anything else takes the slow path, which validates
+                ns[f"ok_{name}"] = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
+                lines.append(f"        if type({name}) not in ok_{name}: raise KeyError")
+                runtime.append(name)
+        key = "(" + "".join(f"{k}, " for k in key_items) + ")"
+        lines += [f"        inst = instances[{key}]",
+                  "    except (KeyError, TypeError, ValueError, NotImplementedError):",
+                  f"        return backend.slow_call({', '.join(names)})",
+                  "    try:",
+                  f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
+                  "    except Exception as e:",
+                  f"        raise backend.runtime_error(e, ({', '.join(names)}{',' if names else ''})) from None"]
+        exec_generated("\n".join(lines) + "\n", f"call {kernel.qualname}", ns)
+        return ns["__call__"]
+
+    def call(self, *args):
+        return self.slow_call(*args)
+
+    def slow_call(self, *args):
+        """A call the generated caller did not serve: check the arguments, compile if needed, run.
+        It runs inside the caller's ``except KeyError`` (the cache miss): our errors leave without
+        that KeyError as their context, so no "During handling of the above exception" precedes them."""
+        kernel = self.kernel
+        try:
+            with self.lock:
+                args = self.host_args(args)
+                inst = self._instance(args)
+                args = tuple(matrix_argument(a, p.nbtype) if p.kind == "matrix" else a
+                             for p, a in zip(kernel.params, args))
+                kernel.last_instance = inst
+        except QuadrantsError as e:
+            e.__context__ = None
+            raise
+        runtime = [a for p, a in zip(kernel.params, args) if p.kind != "template"]
+        try:
+            return inst.entry(*runtime, *inst.hidden)
+        except Exception as e:
+            raise self.runtime_error(e, args) from None
+
+    def runtime_error(self, exc, args):
+        return self.kernel.runtime_error(exc, lambda: self.argument_types(self.host_args(args)))
+
+    def _instance(self, host_args) -> Instance:
+        """The compiled instance these (host) arguments select, compiled if needed."""
+        kernel = self.kernel
+        types_, templates = self.argument_types(host_args)
+        key = tuple(_dispatcher.compute_fingerprint(a) if p.kind == "ndarray" else template_key(a)
+                    for p, a in zip(kernel.params, host_args) if p.kind in ("ndarray", "template"))
+        with self.lock:
+            inst = self.instances.get(key)
+            if inst is None:
+                inst = self.instances[key] = self.compile(types_, templates)
+        return inst
+
+    # -- argument checks ------------------------------------------------------------------------------
+    def host_args(self, args):
+        """The arguments with each ndarray argument as the numpy array the CPU target uses."""
+        return tuple(host_array(a, argument_where(self.kernel, p)) if p.kind == "ndarray" else a
+                     for p, a in zip(self.kernel.params, args))
+
+    def argument_types(self, args):
+        """(runtime param name -> Numba type, template name -> value); raises on bad arguments."""
+        types_, templates = {}, {}
+        debug = config.current.debug
+        for p, a in zip(self.kernel.params, args):
+            where = argument_where(self.kernel, p)
+            if p.kind == "template":
+                templates[p.name] = a
+            elif p.kind == "scalar":
+                check_scalar(where, p, a)
+                types_[p.name] = p.nbtype
+            elif p.kind == "matrix":
+                try:
+                    matrix_argument(a, p.nbtype)
+                except QuadrantsTypeError as e:
+                    raise QuadrantsTypeError(f"{where}: {e}") from None
+                types_[p.name] = p.nbtype
+            else:
+                if isinstance(a, Field):
+                    raise QuadrantsTypeError(field_for_ndarray_message(where, a))
+                types_[p.name] = ndarray_type(where, p.annotation, a, debug)
+        return types_, templates
+
+    # -- compilation ---------------------------------------------------------------------------------
+    def compile(self, param_types, templates) -> Instance:
+        with profiler.compiling(self.kernel.qualname, "cpu"):  # compile records and log (profiler.py)
+            return self._compile(param_types, templates)
+
+    def _compile(self, param_types, templates) -> Instance:
+        kernel = self.kernel
+        cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+        tools = IRTools.for_cpu()
+        runtime_params = [p.name for p in kernel.params if p.kind != "template"]
+        with profiler.stage("frontend"):
+            func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
+        state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name,
+                             config=cfg, runtime_params=runtime_params, param_types=param_types,
+                             template_values=templates, kernel_qualname=kernel.qualname,
+                             returns_value=kernel.return_type is not None, random_state=runtime.random_state)
+        take_pending()
+        task_functions = []
+        try:
+            with profiler.stage("untyped passes"):
+                run_untyped_pipeline(state, codegen_stages=cpu.CODEGEN_STAGES)
+            with profiler.stage("task split"):
+                driver, task_functions = cpu.build_driver(state, cfg.debug)
+            argtypes = [param_types[n] for n in runtime_params] + [
+                field_type(f, cfg.debug) for f in state.hidden]
+            with profiler.stage("typing + lowering", llvm=True):
+                cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
+            if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
+                from .cuda import compile_check
+
+                compile_check(kernel, param_types, templates)
+        except Exception as e:
+            fallback = next((tf.error for tf in task_functions if isinstance(tf.error, QuadrantsError)), None)
+            err = compile_error(kernel.name, e, param_types, cfg.raw_errors, fallback)
+            if err is None:
+                raise
+            raise err from None
+        kernel.compile_count += 1
+        hidden = tuple(f._arr for f in state.hidden)
+        key = artifact_key(kernel, param_types, templates, state.hidden, cfg, "cpu")
+        entry = cres.entry_point
+        if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
+            entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))
+        return Instance(entry, hidden, list(state.tasks), cres, task_functions, state, key)
+
+    # -- introspection ------------------------------------------------------------------------------------
+    def tasks(self, args):
+        return list(self._instance(self.host_args(args)).tasks)

@@ -331,13 +331,18 @@ class _CudaEventPool:
         _check(driver.cuEventSynchronize(objects[int(events[-1])]), "cuEventSynchronize")
         anchor, anchor_ns = self._anchor
 
-        def at(k):
-            """Event k's time in host nanoseconds: every time from the one anchor, so that equal
-            events give equal times (differences of float milliseconds would not add up)."""
-            ms = _check(driver.cuEventElapsedTime(anchor, objects[int(events[k])]), "cuEventElapsedTime")
-            return anchor_ns + int(ms * 1e6)
+        def ns_between(a, b):
+            return int(_check(driver.cuEventElapsedTime(a, b), "cuEventElapsedTime") * 1e6)
 
-        start = at(0)
+        # the call's start from the process-wide anchor; every other time from the call's first
+        # event: small offsets keep the float milliseconds precise, and equal events give equal
+        # times, so a task's interval lies inside its call's
+        first = objects[int(events[0])]
+        start = anchor_ns + ns_between(anchor, first)
+
+        def at(k):
+            return start + ns_between(first, objects[int(events[k])])
+
         tasks = []
         for k, name in enumerate(task_names):
             if launched[k]:

@@ -276,7 +276,9 @@ def plan(state, returns_value: bool) -> TaskPlan:
         if unit.kind == "range_for":
             needed.discard(unit.loop.iter_var.name)
             needed.add(unit.loop.total_var.name)
-        defined_outside = {n for n, ds in assigns.items() if any(lbl not in unit.labels for lbl, _ in ds)}
+        # only the names this task needs: a set over every variable would make the plan
+        # quadratic in the number of tasks
+        defined_outside = {n for n in needed if any(lbl not in unit.labels for lbl, _ in assigns.get(n, ()))}
         recompute = []
         def loadable(dep, pos=pos):  # produced by one serial task that runs anyway, before this one
             d = slicer.definition(dep)

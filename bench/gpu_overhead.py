@@ -28,7 +28,7 @@ def per_call_us(fn, reps=20000):
 def main():
     from cuda.bindings import driver
 
-    from qd_numba.targets.cuda import CudaRuntime, native_launcher
+    from qd_numba.targets.cuda.runtime import CudaRuntime, native_launcher
 
     qd.init(arch=qd.cuda)
     x = qd.field(qd.f32, shape=(1024,))

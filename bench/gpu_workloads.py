@@ -201,7 +201,7 @@ if __name__ == "__main__":
         import qd_numba
 
         result = run_quadrants_api(qd_numba, "qd_numba")
-        from qd_numba.targets.cuda import CudaRuntime
+        from qd_numba.targets.cuda.runtime import CudaRuntime
 
         result["plan_builds"] = CudaRuntime.get().plan_builds
     print("RESULT " + json.dumps(result))

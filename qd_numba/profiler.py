@@ -353,7 +353,7 @@ class _CudaEventPool:
 
 class CudaLaunchTimer:
     """The launch of one profiled CUDA plan: ``launch(packed) -> status`` runs ``launch_timed
-    (packed, events)`` (targets/cuda.py), which records an event before and after each task,
+    (packed, events)`` (targets/cuda/runtime.py), which records an event before and after each task,
     and queues the events for a lazy read. ``grids`` is the plan's view of its tasks' grids."""
 
     def __init__(self, kernel: str, task_names, launch_timed, grids):

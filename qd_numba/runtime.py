@@ -45,7 +45,7 @@ def _host_arch(arch: str) -> str:
 
 def _cuda_ready() -> bool:
     try:
-        from .targets.cuda_compile import cuda_available
+        from .targets.cuda.compile import cuda_available
     except ImportError:
         return False
     return cuda_available()
@@ -72,7 +72,7 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
             raise QuadrantsRuntimeError(
                 f"qd.init(arch={arch}): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
                 "`pip install qd_numba[cuda]`); use qd.cpu")
-        from .targets.cuda import CudaRuntime
+        from .targets.cuda.runtime import CudaRuntime
 
         CudaRuntime.get()   # the device and its context now: a missing GPU is an error of qd.init
         arch = cuda

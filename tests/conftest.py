@@ -18,7 +18,7 @@ import pytest
 os.environ.setdefault("QD_VERIFY_EACH_PASS", "1")  # before qd_numba reads the environment
 
 import qd_numba as qd  # noqa: E402
-from qd_numba.targets.cuda_compile import numba_cuda_importable  # noqa: E402
+from qd_numba.targets.cuda.compile import numba_cuda_importable  # noqa: E402
 
 # through the environment, so that tests calling qd.init(debug=True) etc. keep the CUDA check
 if numba_cuda_importable():

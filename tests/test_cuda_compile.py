@@ -1,4 +1,4 @@
-"""Tests of the numba-cuda adapter (qd_numba/targets/cuda_compile.py).
+"""Tests of the numba-cuda adapter (qd_numba/targets/cuda/compile.py).
 
 Unmarked tests need no GPU: they compile numba-cuda FunctionIR to cubins through NVVM and
 nvJitLink and inspect the ELF and PTX.  Tests marked ``cuda`` load those cubins with cuda.core and
@@ -21,7 +21,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, overload, register_model
 
 from qd_numba.lowering import device
-from qd_numba.targets import cuda_compile as cc
+from qd_numba.targets.cuda import compile as cc
 
 if not cc.numba_cuda_importable():  # pragma: no cover - CI without the cuda extra
     pytest.skip("numba-cuda (the 'cuda' extra) is not importable", allow_module_level=True)
@@ -679,7 +679,7 @@ def _param_info(kernel):
 def _pack_cells(layout, values):
     """One ctypes cell per ``.param`` slot of the production layout (typed by the slot's ``fmt``,
     with LaunchPlan's table) and the ``void*[]`` of their addresses that ``cuLaunchKernel`` takes."""
-    from qd_numba.targets.cuda import _CTYPES
+    from qd_numba.targets.cuda.plan import _CTYPES
 
     assert len(values) == len(layout), f"{len(layout)} kernel params, {len(values)} values"
     cells = [_CTYPES[slot.fmt](value) for slot, value in zip(layout, values, strict=True)]

@@ -37,7 +37,7 @@ def _close_f32(actual, ref64, ops=1):
 
 
 def _plans():
-    from qd_numba.targets.cuda import CudaRuntime
+    from qd_numba.targets.cuda.runtime import CudaRuntime
 
     return CudaRuntime.get().plan_builds
 
@@ -347,7 +347,7 @@ def test_dlpack_host_array_is_our_error():
 
 
 def test_block_size_from_occupancy(rng):
-    from qd_numba.targets.cuda import CudaRuntime
+    from qd_numba.targets.cuda.runtime import CudaRuntime
 
     x = rng.uniform(-1, 1, 100_000).astype(np.float32)
     y = rng.uniform(-1, 1, 100_000).astype(np.float32)

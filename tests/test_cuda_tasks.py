@@ -9,14 +9,14 @@ import pytest
 from numba.core import types
 
 import qd_numba as qd
-from qd_numba.targets.cuda_compile import numba_cuda_importable
+from qd_numba.targets.cuda.compile import numba_cuda_importable
 
 pytestmark = pytest.mark.skipif(not numba_cuda_importable(), reason="needs numba-cuda")
 
 
 def _split(kernel, param_types, templates=None):
-    from qd_numba.targets import cuda as qc
-    from qd_numba.targets import cuda_tasks
+    from qd_numba.targets.cuda import plan as qc
+    from qd_numba.targets.cuda import tasks as cuda_tasks
 
     state = qc.compile_state(kernel, param_types, templates or {})
     slots = {}

@@ -372,7 +372,7 @@ def test_func_called_from_python():
         helper(1)
 
 
-@pytest.mark.skipif(__import__("qd_numba.targets.cuda_compile", fromlist=["x"]).cuda_available(),
+@pytest.mark.skipif(__import__("qd_numba.targets.cuda.compile", fromlist=["x"]).cuda_available(),
                     reason="a GPU is present")
 def test_init_cuda_without_gpu():
     with pytest.raises(qd.QuadrantsRuntimeError, match="cuda"):

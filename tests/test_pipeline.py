@@ -37,9 +37,9 @@ def test_dump_ir_prints_the_pipeline(capsys, rng, arch):
     np.testing.assert_allclose(a, expected)
     err = capsys.readouterr().err
     if arch == "cuda":
-        from qd_numba.targets import cuda
+        from qd_numba.targets.cuda import plan
 
-        stages = cuda.CODEGEN_STAGES
+        stages = plan.CODEGEN_STAGES
     else:
         stages = cpu.CODEGEN_STAGES
     assert f"=== qd_numba pipeline of kernel 'double' ===\n{describe(UNTYPED_PIPELINE, stages)}" in err

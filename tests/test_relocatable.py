@@ -19,7 +19,7 @@ import pytest
 import qd_numba as qd
 from qd_numba import config as qd_config
 from qd_numba.frontend.keys import value_key
-from qd_numba.targets.cuda_compile import numba_cuda_importable
+from qd_numba.targets.cuda.compile import numba_cuda_importable
 
 _PROGRAM = textwrap.dedent('''
     import json, re, sys
@@ -49,7 +49,7 @@ _PROGRAM = textwrap.dedent('''
     from qd_numba.lowering.raising import device_code
     out["code"] = device_code(IndexError, ("index out of bounds on axis 0",))
     if sys.argv[2] == "1":
-        from qd_numba.targets.cuda import compile_check
+        from qd_numba.targets.cuda.plan import compile_check
         compiled = compile_check(k, {"a": types.Array(types.float32, 1, "C"), "s": types.float32}, {"t": t})
         for _unit, _tk, c in compiled:
             # Numba emits module-level declarations in the order its caches were filled, and names

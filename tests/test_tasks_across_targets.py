@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qd_numba as qd
-from qd_numba.targets.cuda_compile import numba_cuda_importable
+from qd_numba.targets.cuda.compile import numba_cuda_importable
 
 N = 64
 x = qd.field(qd.f32, shape=(N,))
@@ -58,7 +58,7 @@ def _signature(tasks):
 
 
 def _cuda_tasks(kernel, param_types, templates=None):
-    from qd_numba.targets.cuda import compile_state
+    from qd_numba.targets.cuda.plan import compile_state
 
     return compile_state(kernel, param_types, templates or {}).tasks
 

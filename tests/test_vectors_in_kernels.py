@@ -311,7 +311,7 @@ def test_vector_returns(rng):
 @pytest.mark.parametrize("ty", [vec3, mat2, qd.types.vector(4, qd.i32), qd.f64, qd.i32], ids=str)
 def test_return_slot_decoding(rng, ty):
     """The CUDA launcher reads a return value back from its temporary slot as these bytes."""
-    from qd_numba.targets.cuda import read_return, return_slot
+    from qd_numba.targets.cuda.plan import read_return, return_slot
     from qd_numba.typing.matrix import MatrixType
 
     dt, count = return_slot(ty)
@@ -375,7 +375,7 @@ def test_cuda_runner_writes_vector_parameters(rng):
     import ctypes
     from types import SimpleNamespace
 
-    from qd_numba.targets.cuda import _runner_source
+    from qd_numba.targets.cuda.plan import _runner_source
 
     cells = {"v": [ctypes.c_float() for _ in range(3)], "s": [ctypes.c_int64()]}
     totals = []

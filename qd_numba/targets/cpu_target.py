@@ -204,7 +204,7 @@ class CpuKernel(KernelBackend):
             with profiler.stage("typing + lowering", llvm=True):
                 cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
             if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
-                from .cuda import compile_check
+                from .cuda.plan import compile_check
 
                 compile_check(kernel, param_types, templates)
         except Exception as e:

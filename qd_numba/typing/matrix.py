@@ -675,7 +675,7 @@ def _is_constructor(obj) -> bool:
 
 def matrix_literal_rewrite(ir_mod, rewrite_base):
     """The ``RewriteMatrixLiteralLists`` rewrite for one IR flavour (``numba.core.ir`` with
-    Numba's ``Rewrite``; numba-cuda registers its twin, targets/cuda_compile.py)."""
+    Numba's ``Rewrite``; numba-cuda registers its twin, targets/cuda/compile.py)."""
 
     class RewriteMatrixLiteralLists(rewrite_base):
         """``qd.Vector([a, 1.5])`` -> ``qd.Vector((a, float32(1.5)))``.

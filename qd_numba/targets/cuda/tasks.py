@@ -17,10 +17,10 @@ import copy
 import dataclasses
 import operator
 
-from ..lowering import device, spaces
-from ..passes.base import MISSING, derive_ir, exec_stub, try_static
-from ..passes.ir_builder import emit_call, retarget, successors
-from ..passes.plan_tasks import Unit, _assignments, _dedupe, _Slicer, _value_vars
+from ...lowering import device, spaces
+from ...passes.base import MISSING, derive_ir, exec_stub, try_static
+from ...passes.ir_builder import emit_call, retarget, successors
+from ...passes.plan_tasks import Unit, _assignments, _dedupe, _Slicer, _value_vars
 
 PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
 

@@ -5,7 +5,7 @@ manager, type inference); ``qd_numba.passes.base.IRTools.for_cuda()`` is that mo
 qd_numba's IR passes.  :func:`compile_task_to_cubin` turns a (rewritten) numba-cuda
 ``FunctionIR`` plus Numba argument types into a cubin through NVVM and nvJitLink, with no driver
 and no GPU needed, and reports how the Numba arguments flatten into the kernel's ``.param`` list
-so that a launcher (``targets/cuda.py``'s ``LaunchPlan``) can pre-pack them.
+so that a launcher (``targets/cuda/plan.py``'s ``LaunchPlan``) can pre-pack them.
 
 Pinned stack: ``numba-cuda==0.30.4`` (cu13 wheels) on ``numba 0.68``; the private names used are
 listed in ``docs/cuda_internals.md``.  numba-cuda is imported lazily: importing this module never
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import profiler
+from ... import profiler
 
 __all__ = [
     "CompiledCudaTask",
@@ -304,8 +304,8 @@ def install_cuda_extensions() -> None:
     from numba.cuda.core.rewrites.registry import Rewrite, register_rewrite
     from numba.cuda.typing.typeof import typeof_impl as cuda_typeof_impl
 
-    from ..matrix import _MatrixMeta
-    from ..typing.matrix import MatrixType, matrix_literal_rewrite
+    from ...matrix import _MatrixMeta
+    from ...typing.matrix import MatrixType, matrix_literal_rewrite
 
     for cls in (_MatrixMeta, MatrixType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
@@ -465,7 +465,7 @@ def compile_task_to_cubin(
     """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU.
 
     ``func_ir`` must be numba-cuda IR (``IRTools.for_cuda().run_frontend``, or derived from it as
-    ``cuda_tasks`` does), possibly rewritten; it is consumed (Numba's passes mutate it; pass
+    tasks.py does), possibly rewritten; it is consumed (Numba's passes mutate it; pass
     ``func_ir.copy()`` to keep the original).  ``argtypes`` are Numba types, one per IR argument.
     The kernel returns nothing.  ``launch_bounds`` is numba-cuda's ``(max_threads[, min_blocks
     [, max_cluster]])``.  ``exceptions`` (implied by ``debug``): the kernel records the first

@@ -1,0 +1,187 @@
+"""Kernel arguments on the CUDA target: every accepted array kind as an :class:`ArrayView`.
+
+:func:`array_view` turns a qd.ndarray (its device buffer, one cached view), a numpy array (copied
+to the device, copied back after the launch), a CUDA torch tensor, a numba-cuda device array, any
+``__cuda_array_interface__`` producer or a CUDA DLPack producer into the pointer, shape, strides
+and dtype the launcher writes into parameter cells. :func:`_view_type` is the Numba type of such
+a view (through the CPU typing of an equivalent numpy stand-in).
+
+This module never compiles and never launches; it allocates device memory only for numpy
+arguments and qd.ndarrays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from numba.core import types
+
+from ... import config
+from ...errors import QuadrantsTypeError
+from ...field import Ndarray
+from ...frontend.args import ndarray_type
+from ...lowering import device
+from .runtime import CudaRuntime, ensure_device
+
+# -- arguments -------------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(t):
+    key = t.dtype
+    dt = _TORCH_DTYPES.get(key)
+    if dt is None:
+        dt = _TORCH_DTYPES[key] = np.dtype(str(key).replace("torch.", ""))
+    return dt
+
+
+class ArrayView:
+    """What the launcher needs of an ndarray argument."""
+
+    __slots__ = ("dtype", "shape", "strides", "ptr", "readonly", "host", "keep", "c_contiguous", "spec")
+
+    def __init__(self, dtype, shape, strides, ptr, readonly, host=None, keep=None):
+        self.dtype, self.shape, self.strides, self.ptr = dtype, shape, strides, ptr
+        self.readonly, self.host, self.keep = readonly, host, keep
+        contiguous, step = True, dtype.itemsize
+        for n, s in zip(reversed(shape), reversed(strides)):
+            if n != 1 and s != step:
+                contiguous = False
+                break
+            step *= n
+        self.c_contiguous = contiguous
+        self.spec = (dtype.num, dtype.itemsize, len(shape), contiguous, readonly)  # cheap to hash
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def array_view(a, where: str) -> ArrayView:
+    if isinstance(a, Ndarray):  # its buffer never moves: one view per qd.ndarray
+        view = a._cuda_view
+        if view is None:
+            ensure_device(a)
+            view = a._cuda_view = array_view(a._dev, where)
+        return view
+    if isinstance(a, np.ndarray):
+        rt = CudaRuntime.get()
+        dev = rt.cuda.to_device(np.ascontiguousarray(a))
+        return ArrayView(a.dtype, a.shape, dev.strides, int(dev.device_ctypes_pointer.value),
+                         not a.flags.writeable, host=a, keep=dev)
+    mod = type(a).__module__
+    if mod.startswith("torch"):
+        if not a.is_cuda:
+            raise QuadrantsTypeError(f"{where}: a CPU torch tensor cannot be passed to a CUDA kernel; "
+                                     "use .cuda() or a numpy array")
+        dt = _torch_dtype(a)
+        return ArrayView(dt, tuple(a.shape), tuple(s * dt.itemsize for s in a.stride()), a.data_ptr(), False,
+                         keep=a)
+    if hasattr(a, "device_ctypes_pointer"):   # numba-cuda DeviceNDArray
+        return ArrayView(a.dtype, tuple(a.shape), tuple(a.strides), int(a.device_ctypes_pointer.value or 0), False,
+                         keep=a)
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        dt = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
+        ptr, readonly = cai["data"]
+        return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+    if hasattr(a, "__array_interface__"):
+        raise QuadrantsTypeError(f"{where}: a host array ({type(a).__name__}, through __array_interface__) cannot be "
+                                 "passed to a CUDA kernel; pass a numpy array (copied to the GPU and back) or a CUDA "
+                                 "array")
+    if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
+        return _dlpack_view(a, where)
+    raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "
+                             f"numba-cuda), got {type(a).__name__}")
+
+
+# -- DLPack: arrays that offer neither a CUDA array interface nor a numba-cuda view ---------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor)))]
+
+_DL_CUDA, _DL_CUDA_MANAGED = 2, 13
+_DL_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}  # DLPack type codes: int, uint, float, bool
+
+
+class _DLPackOwner:
+    """Holds a consumed DLPack tensor for as long as a view of it is in use, then calls its
+    deleter (the producer's storage stays alive until then)."""
+
+    def __init__(self, managed):
+        self.managed = managed
+
+    def __del__(self):
+        deleter = self.managed.contents.deleter
+        if deleter:
+            deleter(self.managed)
+
+
+def _dlpack_view(a, where: str) -> ArrayView:
+    """An ArrayView of a CUDA DLPack producer. ``stream=1`` asks the producer to order its
+    pending work before the legacy default stream, where qd_numba launches."""
+    device_type, _ = a.__dlpack_device__()
+    if int(device_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise QuadrantsTypeError(f"{where}: a DLPack array on device type {int(device_type)} cannot be passed "
+                                 "to a CUDA kernel; move it to the GPU or pass a numpy array")
+    capsule = a.__dlpack__(stream=1)
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    set_name = ctypes.pythonapi.PyCapsule_SetName
+    set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    managed = ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(_DLManagedTensor))
+    set_name(capsule, b"used_dltensor")  # we own it now: the capsule must not delete it
+    owner = _DLPackOwner(managed)
+    t = managed.contents.dl_tensor
+    kind = _DL_KINDS.get(t.dtype.code)
+    if kind is None or t.dtype.lanes != 1:
+        raise QuadrantsTypeError(f"{where}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
+                                 f"{t.dtype.lanes} lanes)")
+    dt = np.dtype(f"{kind}{t.dtype.bits // 8}") if kind != "b" else np.dtype(np.bool_)
+    shape = tuple(t.shape[k] for k in range(t.ndim))
+    strides = tuple(t.strides[k] * dt.itemsize for k in range(t.ndim)) if t.strides else \
+        device.c_strides(shape, dt.itemsize)
+    return ArrayView(dt, shape, strides, int(t.data or 0) + int(t.byte_offset), False, keep=owner)
+
+
+def _view_type(where, spec, view):
+    """The Numba type of an ndarray argument, through the CPU typing of an equivalent numpy view."""
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, view.dtype), shape=view.shape,
+                                               strides=[0] * len(view.shape))
+    stand_in = np.ascontiguousarray(stand_in) if view.c_contiguous else stand_in
+    if view.readonly:
+        stand_in = stand_in.view()
+        stand_in.flags.writeable = False
+    ty = ndarray_type(where, spec, stand_in, config.current.debug)
+    if not view.c_contiguous:
+        ty = ty.copy(layout="A") if isinstance(ty, types.Array) else ty
+    return ty

@@ -1,0 +1,151 @@
+"""The CUDA target and its kernel backend: the call path of a ``@qd.kernel`` on CUDA.
+
+:class:`CudaTarget` is what the target registry (targets/base.py) instantiates for
+``arch="cuda"``: it places fields in device memory and synchronizes. :class:`CudaKernel` generates
+a kernel's call path: argument views and checks (:func:`_check_scalar`, :func:`_check_matrix`),
+the spec key, the plan lookup (building a plan, plan.py, on a miss), then the plan's runner.
+
+This module never compiles or launches by itself: plan.py does both.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from numba.core import types
+
+from ... import config, profiler
+from ...errors import QuadrantsTypeError
+from ...field import Ndarray
+from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, template_key
+from ...frontend.diagnostics import compile_error
+from ...generated_code import exec_generated
+from ..base import KernelBackend, Target
+from .arrays import array_view
+from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types
+from .runtime import CudaRuntime, ensure_device
+
+
+class CudaTarget(Target):
+    arch = "cuda"
+    codegen_stages = CODEGEN_STAGES
+
+    def kernel_backend(self, kernel) -> CudaKernel:
+        return CudaKernel(kernel)
+
+    def place(self, data) -> None:
+        ensure_device(data)
+
+    def synchronize(self) -> None:
+        CudaRuntime.get().cuda.synchronize()
+
+
+class CudaKernel(KernelBackend):
+    """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
+
+    arch = "cuda"
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.plans = {}
+        self.lock = threading.RLock()
+        self._where = [argument_where(kernel, p) for p in kernel.params]
+        for p in kernel.params:
+            if p.kind == "scalar":
+                p.exact_types = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
+        self.caller = self._make_launcher()
+
+    # -- the call path ---------------------------------------------------------------------------
+    def make_caller(self):
+        """The kernel's ``__call__`` on CUDA: the kernel's parameters (Kernel.caller_prologue),
+        then the launcher's generated ``caller``."""
+        ns = {"caller": self.caller}
+        lines, names = self.kernel.caller_prologue(ns)
+        lines.append(f"    return caller({', '.join(names)})")
+        exec_generated("\n".join(lines) + "\n", f"call {self.kernel.qualname}", ns)
+        return ns["__call__"]
+
+    def call(self, *args):
+        return self.caller(*args)
+
+    def tasks(self, args) -> list:
+        return list(self.plan_for(args).tasks)
+
+    def _make_launcher(self):
+        """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
+        arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of
+        an exact Python or numpy type pass without a check; anything else is validated.
+        ``plan_for(args)`` shares the source up to the lookup."""
+        params = self.kernel.params
+        args = [f"a{i}" for i in range(len(params))]
+        ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
+              "plans": self.plans, "build": self._plan, "check_scalar": _check_scalar,
+              "check_matrix": _check_matrix,
+              "kernel": self.kernel}
+        body, key, views = [], [], []
+        for i, p in enumerate(params):
+            if p.kind == "ndarray":
+                ns[f"w{i}"] = self._where[i]
+                body += [f"v{i} = a{i}._cuda_view if type(a{i}) is Ndarray else None",
+                         f"if v{i} is None: v{i} = array_view(a{i}, w{i})"]
+                key.append(f"v{i}.spec")
+                views.append(f"v{i}")
+            elif p.kind == "template":
+                key.append(f"template_key(a{i})")
+            elif p.kind == "matrix":
+                ns[f"p{i}"] = p
+                body.append(f"a{i} = check_matrix(kernel, p{i}, a{i})")
+            else:
+                ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
+                body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
+        body += [f"plan = plans.get({_tuple_src(key)})",
+                 f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})"]
+        src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body),
+                         f"    return plan.run({', '.join(args + views)})",
+                         f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
+                         "    return plan"]) + "\n"
+        exec_generated(src, f"cuda call {self.kernel.qualname}", ns)
+        self._plan_for = ns["plan_for"]
+        return ns["call"]
+
+    def plan_for(self, args):
+        """The launch plan these arguments select (built if needed), without launching."""
+        return self._plan_for(*args)
+
+    def _plan(self, args, view_list, key):
+        with self.lock:  # one build per spec, also when threads race for it
+            plan = self.plans.get(key)
+            if plan is None:
+                names = [p.name for p in self.kernel.params if p.kind == "ndarray"]
+                plan = self.plans[key] = self._build(args, dict(zip(names, view_list)))
+        return plan
+
+    # -- building a plan ------------------------------------------------------------------------
+    def _build(self, args, views):
+        kernel = self.kernel
+        param_types, templates = plan_types(kernel, args, views)
+        try:
+            with profiler.compiling(kernel.qualname, "cuda"):
+                return build_plan(kernel, param_types, templates)
+        except Exception as e:
+            err = compile_error(kernel.name, e, param_types, config.current.raw_errors)
+            if err is None:
+                raise
+            raise err from None
+
+
+def _check_scalar(kernel, p, a):
+    """A scalar argument whose type is not one of the exact types the fast path takes."""
+    where = argument_where(kernel, p)
+    check_scalar(where, p, a)
+    raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+
+
+def _check_matrix(kernel, p, a):
+    """A vector/matrix argument as a qd.Vector/qd.Matrix of its parameter's type."""
+    from ...matrix import matrix_argument
+
+    try:
+        return matrix_argument(a, p.nbtype)
+    except QuadrantsTypeError as e:
+        raise QuadrantsTypeError(f"kernel '{kernel.name}', argument '{p.name}': {e}") from None

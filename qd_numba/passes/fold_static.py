@@ -21,6 +21,7 @@ from ..lang import static as qd_static
 from ..lang import static_assert as qd_static_assert
 from ..lang import static_print as qd_static_print
 from .base import MISSING, copy_ir, try_static
+from .ir_builder import retarget
 
 
 class FoldStatic:
@@ -146,7 +147,7 @@ class FoldStatic:
             renames = {name: scope.redefine(name, shape.loc) for name in sorted(private)}
             for lbl in body_labels:
                 new = copy_ir(ir, blocks[lbl])
-                _retarget(ir, new, {**mapping, shape.header: continue_to})
+                retarget(ir, new, {**mapping, shape.header: continue_to})
                 if lbl == shape.body_entry:
                     new.body.insert(0, ir.Assign(_constant(ir, value, shape.loc, shape.index_var.name),
                                                  shape.index_var, shape.loc))
@@ -238,15 +239,6 @@ def _constant(ir, value, loc, name):
     return ir.Global(name, value, loc)
 
 
-def _retarget(ir, block, mapping):
-    term = block.body[-1]
-    if isinstance(term, ir.Jump):
-        block.body[-1] = ir.Jump(mapping.get(term.target, term.target), term.loc)
-    elif isinstance(term, ir.Branch):
-        block.body[-1] = ir.Branch(term.cond, mapping.get(term.truebr, term.truebr),
-                                   mapping.get(term.falsebr, term.falsebr), term.loc)
-
-
 def _is_static_call_result(state, var, d):
     ir = state.ir
     return isinstance(d, (ir.Const, ir.Global)) or (
@@ -286,7 +278,7 @@ def bypass_jump_only_headers(state) -> bool:
         if not bypass:
             break
         for block in blocks.values():
-            _retarget(ir, block, bypass)
+            retarget(ir, block, bypass)
         for header in bypass:
             del blocks[header]
         changed = True

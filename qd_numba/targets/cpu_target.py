@@ -14,8 +14,8 @@ import numpy as np
 from numba import _dispatcher
 from numba.core import types
 
-from .. import config, profiler, runtime
-from ..errors import QuadrantsError, QuadrantsTypeError, take_pending
+from .. import config, profiler
+from ..errors import QuadrantsError, QuadrantsTypeError
 from ..field import Field, Ndarray
 from ..frontend.args import (
     INT_TYPES,
@@ -32,10 +32,9 @@ from ..frontend.diagnostics import compile_error
 from ..frontend.keys import artifact_key
 from ..generated_code import exec_generated
 from ..matrix import matrix_argument
-from ..passes.base import CompileState, IRTools, copy_ir
-from ..passes.pipeline import run_untyped_pipeline
+from ..passes.base import IRTools
 from . import cpu
-from .base import KernelBackend, Target
+from .base import KernelBackend, Target, untyped_compile
 
 
 class Instance:
@@ -183,20 +182,10 @@ class CpuKernel(KernelBackend):
 
     def _compile(self, param_types, templates) -> Instance:
         kernel = self.kernel
-        cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
-        tools = IRTools.for_cpu()
-        runtime_params = [p.name for p in kernel.params if p.kind != "template"]
-        with profiler.stage("frontend"):
-            func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
-        state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name,
-                             config=cfg, runtime_params=runtime_params, param_types=param_types,
-                             template_values=templates, kernel_qualname=kernel.qualname,
-                             returns_value=kernel.return_type is not None, random_state=runtime.random_state)
-        take_pending()
         task_functions = []
         try:
-            with profiler.stage("untyped passes"):
-                run_untyped_pipeline(state, codegen_stages=cpu.CODEGEN_STAGES)
+            state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates, cpu.CODEGEN_STAGES)
+            cfg, runtime_params = state.config, state.runtime_params
             with profiler.stage("task split"):
                 driver, task_functions = cpu.build_driver(state, cfg.debug)
             argtypes = [param_types[n] for n in runtime_params] + [
@@ -209,7 +198,7 @@ class CpuKernel(KernelBackend):
                 compile_check(kernel, param_types, templates)
         except Exception as e:
             fallback = next((tf.error for tf in task_functions if isinstance(tf.error, QuadrantsError)), None)
-            err = compile_error(kernel.name, e, param_types, cfg.raw_errors, fallback)
+            err = compile_error(kernel.name, e, param_types, config.current.raw_errors, fallback)
             if err is None:
                 raise
             raise err from None

@@ -21,8 +21,8 @@ import re
 import numpy as np
 from numba.core import types
 
-from ... import config, profiler, runtime
-from ...errors import QuadrantsRuntimeError, take_pending
+from ... import config, profiler
+from ...errors import QuadrantsRuntimeError
 from ...field import Ndarray
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
@@ -316,22 +316,10 @@ def field_token(field):
 
 def compile_state(kernel, param_types, templates):
     """Run the untyped pipeline on numba-cuda's IR classes."""
-    from ...passes.base import CompileState, IRTools, copy_ir
-    from ...passes.pipeline import run_untyped_pipeline
+    from ...passes.base import IRTools
+    from ..base import untyped_compile
 
-    tools = IRTools.for_cuda()
-    runtime_params = [p.name for p in kernel.params if p.kind != "template"]
-    cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
-    with profiler.stage("frontend"):
-        func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
-    state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name,
-                         config=cfg, runtime_params=runtime_params, param_types=param_types,
-                         template_values=templates, kernel_qualname=kernel.qualname,
-                         returns_value=kernel.return_type is not None, random_state=runtime.random_state)
-    take_pending()
-    with profiler.stage("untyped passes"):
-        run_untyped_pipeline(state, codegen_stages=CODEGEN_STAGES)
-    return state
+    return untyped_compile(kernel, IRTools.for_cuda(), param_types, templates, CODEGEN_STAGES)
 
 
 def compile_tasks(kernel, state, cc, field_slot):

@@ -179,16 +179,22 @@ def static_value(state: CompileState, var, permissive: bool = False):
     raise NotStatic(var)
 
 
+def resolve_copies(state, var, limit: int = 50):
+    """(the last variable of ``var``'s chain of copies, its single definition or None)."""
+    ir = state.ir
+    d = None
+    for _ in range(limit):
+        d = state.definition(var)
+        if not isinstance(d, ir.Var):
+            return var, d
+        var = d
+    return var, None
+
+
 def argument_of(state, var):
     """The ``ir.Arg`` that ``var`` is (a chain of copies of), or None."""
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if isinstance(d, ir.Var):
-            var = d
-            continue
-        return d if isinstance(d, ir.Arg) else None
-    return None
+    d = resolve_copies(state, var)[1]
+    return d if isinstance(d, state.ir.Arg) else None
 
 
 def is_global_data(state, var) -> bool:

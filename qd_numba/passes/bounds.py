@@ -22,7 +22,7 @@ import operator
 
 from ..lowering import spaces
 from ..task import Bounds
-from .base import try_static
+from .base import resolve_copies, try_static
 
 
 def task_bounds(state, space_var, grouped: bool = False) -> Bounds:
@@ -37,7 +37,7 @@ def space_key(state, space_var):
     """A canonical description of an iteration space — a tuple of (start, stop, step) keys per
     dimension — or None when the analysis cannot describe it."""
     ir = state.ir
-    d = _follow(state, space_var)
+    d = resolve_copies(state, space_var)[1]
     if not isinstance(d, ir.Expr):
         return None
     if d.op == "build_tuple":
@@ -67,11 +67,11 @@ def space_key(state, space_var):
 
 def _dim_key(state, var):
     ir = state.ir
-    d = _follow(state, var)
+    d = resolve_copies(state, var)[1]
     if not (isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is spaces.ndrange_dim):
         return None
     arg = d.args[0]
-    ad = _follow(state, arg)
+    ad = resolve_copies(state, arg)[1]
     if isinstance(ad, ir.Expr) and ad.op == "build_tuple" and len(ad.items) == 2:
         lo, hi = (_value_key(state, v) for v in ad.items)
         return None if lo is None or hi is None else (lo, hi, ("const", 1))
@@ -82,19 +82,9 @@ def _dim_key(state, var):
     return None if key is None else (("const", 0), key, ("const", 1))
 
 
-def _follow(state, var):
-    ir = state.ir
-    for _ in range(50):
-        d = state.definition(var)
-        if not isinstance(d, ir.Var):
-            return d
-        var = d
-    return None
-
-
 def _arg_type(state, var):
     ir = state.ir
-    d = _follow(state, var)
+    d = resolve_copies(state, var)[1]
     return state.param_types.get(d.name) if isinstance(d, ir.Arg) else None
 
 
@@ -106,11 +96,7 @@ def _value_key(state, var, depth=0):
         return ("const", int(value))
     if depth > 20:
         return None
-    for _ in range(50):
-        d = state.definition(var)
-        if not isinstance(d, ir.Var):
-            break
-        var = d
+    var, d = resolve_copies(state, var)
     if d is None:
         return None
     if isinstance(d, ir.Arg):

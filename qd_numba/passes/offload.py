@@ -27,7 +27,7 @@ from ..lang import loop_config as qd_loop_config
 from ..lang import ndrange as qd_ndrange
 from ..lowering import spaces, subscripts
 from ..task import Task
-from .base import MISSING, try_static
+from .base import MISSING, argument_of, try_static
 from .bounds import task_bounds
 from .dead_code import remove_dead_pure
 from .fold_static import bypass_jump_only_headers, loop_shape
@@ -209,11 +209,8 @@ class Offload:
         value = try_static(state, var)
         if isinstance(value, ArrayData):
             return len(value.shape)
-        ir = state.ir
-        d = state.definition(var)
-        while isinstance(d, ir.Var):
-            d = state.definition(d)
-        if isinstance(d, ir.Arg) and d.name in state.param_types:
+        d = argument_of(state, var)
+        if d is not None and d.name in state.param_types:
             ty = state.param_types[d.name]
             return getattr(ty, "ndim", None)
         return None

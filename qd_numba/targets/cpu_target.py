@@ -34,7 +34,8 @@ from ..generated_code import exec_generated
 from ..matrix import matrix_argument
 from ..passes.base import IRTools
 from . import cpu
-from .base import KernelBackend, Target, untyped_compile
+from .base import KernelBackend, Target
+from .untyped import untyped_compile
 
 
 class Instance:

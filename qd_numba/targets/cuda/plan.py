@@ -317,7 +317,7 @@ def field_token(field):
 def compile_state(kernel, param_types, templates):
     """Run the untyped pipeline on numba-cuda's IR classes."""
     from ...passes.base import IRTools
-    from ..base import untyped_compile
+    from ..untyped import untyped_compile
 
     return untyped_compile(kernel, IRTools.for_cuda(), param_types, templates, CODEGEN_STAGES)
 

@@ -116,8 +116,8 @@ KNOWN_CYCLIC = {   # exactly the modules on a cycle at the time of writing
     "qd_numba.passes.pipeline", "qd_numba.passes.plan_tasks", "qd_numba.passes.random_streams",
     "qd_numba.passes.resolve_globals", "qd_numba.passes.rewrite_subscripts", "qd_numba.runtime",
     "qd_numba.targets.cuda", "qd_numba.targets.cuda.kernel", "qd_numba.targets.cuda.plan",
-    "qd_numba.targets.cuda.tasks",
-    "qd_numba.targets.untyped",   # code that was in targets.cuda.plan / cpu_target, both on the cycle "qd_numba.typing.matrix",
+    "qd_numba.targets.cuda.tasks", "qd_numba.typing.matrix",
+    "qd_numba.targets.untyped",   # code that was in targets.cuda.plan / cpu_target, both on the cycle
 }
 
 

@@ -22,14 +22,14 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CALLS = textwrap.dedent('''
-    import json, sys, time
+    import json, sys
     import numpy as np
     import qd_numba as qd
     arch = sys.argv[1]
     qd.init(arch=getattr(qd, arch))
+    sys.path.insert(0, sys.argv[2])
+    import gpu_workloads
     if arch == "cuda":
-        sys.path.insert(0, sys.argv[2])
-        import gpu_workloads
         out = gpu_workloads.run_quadrants_api(qd, "qd_numba")
     else:
         @qd.kernel
@@ -42,14 +42,8 @@ _CALLS = textwrap.dedent('''
             for i in range(x.shape[0]):
                 y[i] = s * x[i] + y[i]
 
-        def best(fn, reps, repeats=7):
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    fn()
-                times.append((time.perf_counter() - t0) / reps)
-            return min(times)
+        def best(fn, reps):
+            return gpu_workloads._best(fn, reps, repeats=7, sync=lambda: None)
 
         rng = np.random.default_rng(0)
         a, b = rng.random(16).astype(np.float32), np.zeros(16, np.float32)

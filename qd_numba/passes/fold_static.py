@@ -24,6 +24,20 @@ from .base import MISSING, copy_ir, try_static
 from .ir_builder import retarget
 
 
+def _static_calls(state):
+    """(block, index, statement, callee) of each call whose callee is known at compile time
+    (a list, so callers may replace the statements as they go)."""
+    ir = state.ir
+    found = []
+    for block in state.func_ir.blocks.values():
+        for k, stmt in enumerate(block.body):
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call":
+                fn = try_static(state, stmt.value.func)
+                if fn is not MISSING:
+                    found.append((block, k, stmt, fn))
+    return found
+
+
 class FoldStatic:
     name = "fold_static"
 
@@ -43,21 +57,17 @@ class FoldStatic:
         ir = state.ir
         changed = False
         state.refresh_definitions()
-        for block in state.func_ir.blocks.values():
-            for k, stmt in enumerate(block.body):
-                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
-                        and stmt.value.op == "call"):
-                    continue
-                if try_static(state, stmt.value.func) is not qd_static:
-                    continue
-                value = try_static(state, stmt.target, permissive=True)
-                if value is MISSING:
-                    raise state.error(QuadrantsSyntaxError,
-                                      "the argument of qd.static() must be known at compile time", stmt.loc)
-                const = ir.Const(value, stmt.loc) if isinstance(value, (bool, int, float, str, type(None))) \
-                    else ir.Global(stmt.target.name, value, stmt.loc)
-                block.body[k] = ir.Assign(const, stmt.target, stmt.loc)
-                changed = True
+        for block, k, stmt, fn in _static_calls(state):
+            if fn is not qd_static:
+                continue
+            value = try_static(state, stmt.target, permissive=True)
+            if value is MISSING:
+                raise state.error(QuadrantsSyntaxError,
+                                  "the argument of qd.static() must be known at compile time", stmt.loc)
+            const = ir.Const(value, stmt.loc) if isinstance(value, (bool, int, float, str, type(None))) \
+                else ir.Global(stmt.target.name, value, stmt.loc)
+            block.body[k] = ir.Assign(const, stmt.target, stmt.loc)
+            changed = True
         if changed:
             state.refresh_definitions()
         return changed
@@ -67,20 +77,15 @@ class FoldStatic:
         ir = state.ir
         changed = False
         state.refresh_definitions()
-        for block in state.func_ir.blocks.values():
-            for k, stmt in enumerate(block.body):
-                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)
-                        and stmt.value.op == "call"):
-                    continue
-                fn = try_static(state, stmt.value.func)
-                if fn is qd_static_print:
-                    _static_print(state, stmt.value, stmt.loc)
-                elif fn is qd_static_assert:
-                    _static_assert(state, stmt.value, stmt.loc)
-                else:
-                    continue
-                block.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
-                changed = True
+        for block, k, stmt, fn in _static_calls(state):
+            if fn is qd_static_print:
+                _static_print(state, stmt.value, stmt.loc)
+            elif fn is qd_static_assert:
+                _static_assert(state, stmt.value, stmt.loc)
+            else:
+                continue
+            block.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
+            changed = True
         return changed
 
     # -- branches ---------------------------------------------------------------------------

@@ -46,6 +46,15 @@ _native_launch_all = None
 PACK_HEAD, PACK_TASK = 2, 4
 
 
+def cu_launch_kernel():
+    """The driver's ``cuLaunchKernel`` through ctypes, callable from Numba-compiled code:
+    pointers pass as 64-bit integers (same registers in the x86-64/aarch64 C ABIs)."""
+    launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
+    launch.restype = ctypes.c_int32
+    return launch
+
+
 def native_launcher():
     """``launch_all(packed) -> status``: a Numba-compiled loop calling the driver's
     ``cuLaunchKernel`` through ctypes for every task with a positive grid. One
@@ -55,23 +64,7 @@ def native_launcher():
     if _native_launch_all is None:
         import numba
 
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        launch = libcuda.cuLaunchKernel
-        # pointers pass as 64-bit integers (same registers in the x86-64/aarch64 C ABIs)
-        launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
-        launch.restype = ctypes.c_int32
-
-        @numba.njit(nogil=True)
-        def launch_all(packed):
-            stream = packed[1]
-            for k in range(packed[0]):
-                base = PACK_HEAD + PACK_TASK * k
-                grid = packed[base + 1]
-                if grid > 0:
-                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
-                    if err != 0:
-                        return (k << 32) | err
-            return -1
+        launch = cu_launch_kernel()
 
         @numba.njit(nogil=True)
         def launch_task(packed, k):
@@ -81,6 +74,18 @@ def native_launcher():
                 err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, packed[1], packed[base + 3], 0)
                 if err != 0:
                     return (k << 32) | err
+            return -1
+
+        @numba.njit(nogil=True)
+        def launch_all(packed):   # the hot path: launch_task's body inlined by hand, the stream read once
+            stream = packed[1]
+            for k in range(packed[0]):
+                base = PACK_HEAD + PACK_TASK * k
+                grid = packed[base + 1]
+                if grid > 0:
+                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
+                    if err != 0:
+                        return (k << 32) | err
             return -1
 
         _native_launch_all = launch_all, launch_task
@@ -107,9 +112,7 @@ def native_timed_launcher():
         import numba
 
         libcuda = ctypes.CDLL("libcuda.so.1")
-        launch = libcuda.cuLaunchKernel
-        launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
-        launch.restype = ctypes.c_int32
+        launch = cu_launch_kernel()
         record = libcuda.cuEventRecord
         record.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         record.restype = ctypes.c_int32

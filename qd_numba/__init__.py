@@ -5,6 +5,7 @@
 
 from . import lowering as _lowering  # noqa: F401  (registers Numba extensions)
 from . import (
+    ad,  # noqa: E402  (qd.ad namespace)
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)
@@ -49,6 +50,7 @@ from .field import Field, Ndarray, field, ndarray
 from .frontend.args import Template, template
 from .frontend.objects import QdFunc, func
 from .kernel import Kernel, kernel
+from .lowering.autodiff import stop_grad
 from .lang import (
     atomic_add,
     atomic_and,

@@ -11,6 +11,7 @@ hidden arguments without re-checking them on every call.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import numpy as np
 
@@ -18,6 +19,22 @@ from . import config, dtypes
 from .errors import QuadrantsIndexError, QuadrantsTypeError
 
 _field_ids = itertools.count()
+_with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created with needs_grad=True
+
+
+def gradient_holders() -> list:
+    """The live fields and ndarrays that have a ``.grad`` (``qd.ad.clear_all_gradients``)."""
+    return list(_with_gradients)
+
+
+def _gradient_of(data, needs_grad: bool, name):
+    """``data``'s ``.grad``: the same kind, shape and element type, zero-initialised (or None)."""
+    if not needs_grad:
+        return None
+    if not dtypes.is_real(data.dtype):
+        raise QuadrantsTypeError(f"needs_grad=True requires a floating-point dtype, got {data.dtype}")
+    _with_gradients.add(data)
+    return type(data)(data.elem_type or data.dtype, data.shape, name=f"{name}.grad" if name else None)
 
 
 def element_shape(elem_type) -> tuple[int, ...]:
@@ -164,10 +181,7 @@ class Field(ArrayData):
     def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None):
         super().__init__(dtype, shape, elem_type, name)
         self.uid = next(_field_ids)
-        self.grad = Field(self.elem_type or self.dtype, self.shape, name=f"{name}.grad" if name else None) \
-            if needs_grad else None
-        if needs_grad and not dtypes.is_real(self.dtype):
-            raise QuadrantsTypeError(f"needs_grad=True requires a floating-point field, got {self.dtype}")
+        self.grad = _gradient_of(self, needs_grad, name)
 
     def __deepcopy__(self, memo):
         # IR copies hold fields in ir.Global values; the data must never be cloned.
@@ -183,6 +197,10 @@ class Ndarray(ArrayData):
 
     _cuda_view = None  # the CUDA launcher's view of the device buffer, made on first use
 
+    def __init__(self, dtype, shape, elem_type=None, needs_grad=False, name=None):
+        super().__init__(dtype, shape, elem_type, name)
+        self.grad = _gradient_of(self, needs_grad, name)
+
     def __deepcopy__(self, memo):
         return self
 
@@ -194,6 +212,7 @@ def field(dtype, shape=(), needs_grad=False, name=None, offset=None, order=None)
     return Field(dtype, shape, needs_grad=needs_grad, name=name)
 
 
-def ndarray(dtype, shape) -> Ndarray:
-    """``qd.ndarray(dtype, shape)``; ``dtype`` may be a vector or matrix type."""
-    return Ndarray(dtype, shape)
+def ndarray(dtype, shape, needs_grad=False) -> Ndarray:
+    """``qd.ndarray(dtype, shape)``; ``dtype`` may be a vector or matrix type; ``needs_grad``
+    gives it a ``.grad`` ndarray of the same shape and type."""
+    return Ndarray(dtype, shape, needs_grad=needs_grad)

@@ -26,6 +26,16 @@ from .targets.base import target_for
 
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
 MISSING_ARG = object()  # a kernel parameter without a value in a call
+_call_wrapper = None    # qd.ad.Tape: wraps each kernel's call path while it records (ad.py)
+
+
+def wrap_calls(wrapper) -> None:
+    """Wrap every kernel's call path with ``wrapper(kernel, call) -> call`` (None: unwrap).
+    Outside a Tape no call pays for it: the wrapper is installed on the kernels' classes."""
+    global _call_wrapper
+    _call_wrapper = wrapper
+    for kernel in list(_KERNELS):
+        kernel._install_caller()
 
 
 def forget_compiled() -> None:
@@ -62,6 +72,9 @@ class Kernel(KernelObject):
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None
+        self._caller = None             # the backend's generated __call__, once installed
+        self.autodiff_mode = None       # "reverse" for the gradient kernel (kernel.grad)
+        self._grad = None
         self.compile_count = 0
         self.last_instance = None       # the CPU target's last instance (introspection)
         # each kernel has its own class, so that its __call__ can be generated for its parameters
@@ -85,15 +98,42 @@ class Kernel(KernelObject):
                 backend = self._backend
                 if backend is None:
                     backend = target_for(config.current.arch).kernel_backend(self)
-                    type(self).__call__ = backend.make_caller()
+                    self._caller = backend.make_caller()
                     self._backend = backend
+                    self._install_caller()
         return backend
+
+    def _install_caller(self) -> None:
+        call = self._caller or Kernel.__call__
+        type(self).__call__ = call if _call_wrapper is None else _call_wrapper(self, call)
 
     def _forget(self) -> None:
         with self._lock:
             self._backend = None
+            self._caller = None
             self.last_instance = None
-            type(self).__call__ = Kernel.__call__
+            self._install_caller()
+
+    # -- reverse mode ----------------------------------------------------------------------------------
+    @property
+    def grad(self) -> Kernel:
+        """The gradient kernel (passes/autodiff.py): same parameters; it accumulates into the
+        ``.grad`` fields the adjoints of what this kernel read, from the ``.grad`` of what it wrote."""
+        if self.autodiff_mode is not None:
+            raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a gradient kernel")
+        if self.return_type is not None:
+            raise QuadrantsSyntaxError(f"kernel '{self.name}': a kernel that returns a value cannot be "
+                                       "differentiated (kernel.grad)")
+        if self._grad is None:
+            with self._lock:
+                if self._grad is None:
+                    grad = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
+                    grad.name, grad.qualname = f"{self.name}.grad", f"{self.qualname}.grad"
+                    grad.autodiff_mode = "reverse"
+                    grad.primal = self
+                    grad._install_caller()
+                    self._grad = grad
+        return self._grad
 
     def _bind(self, args, kwargs):
         try:

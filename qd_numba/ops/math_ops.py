@@ -143,3 +143,18 @@ MATH_OPS = {op.name: op for op in (
         lambda a, out, g, qd: (g * _step((a[0] >= a[1]) & (a[0] <= a[2])), g * _step(a[0] < a[1]),
                                g * _step(a[0] > a[2]))),
 )}
+
+
+# -- operators --------------------------------------------------------------------------------------
+# The adjoint rules of Python's arithmetic operators in kernels, in the same form as the math ops'
+# (``operator.truediv`` also stands for the ``true_divide`` helper that ``a / b`` becomes).
+
+OPERATOR_ADJOINTS = {
+    operator.add: lambda a, out, g, qd: (g, g),
+    operator.sub: lambda a, out, g, qd: (g, -g),
+    operator.mul: lambda a, out, g, qd: (g * a[1], g * a[0]),
+    operator.truediv: lambda a, out, g, qd: (g / a[1], -g * a[0] / (a[1] * a[1])),
+    operator.pow: lambda a, out, g, qd: (g * a[1] * qd.pow(a[0], a[1] - 1), g * out * qd.log(a[0])),
+    operator.neg: lambda a, out, g, qd: (-g,),
+    operator.pos: lambda a, out, g, qd: (g,),
+}

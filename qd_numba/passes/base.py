@@ -69,6 +69,7 @@ class CompileState:
     returns_value: bool = False     # the kernel's annotation promises a return value
     task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
     random_state: object = None     # () -> the runtime's qd.random state field (runtime.random_state)
+    autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)
 
     @property
     def ir(self):

@@ -14,6 +14,7 @@ import sys
 from ..errors import QuadrantsCompilationError
 from .array_access import DirectArrayAccess
 from .asserts import RewriteAsserts
+from .autodiff import ReverseMode
 from .base import dump_ir
 from .bind_arguments import BindArguments
 from .check_writes import CheckReadonlyWrites
@@ -49,6 +50,7 @@ UNTYPED_PIPELINE = (
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),
+    Stage("autodiff", (ReverseMode,)),
 )
 
 

@@ -1,0 +1,134 @@
+"""``qd.ad``: reverse-mode autodiff in Python scope — the Tape, gradient clearing, custom gradients.
+
+``kernel.grad`` (kernel.py) is the gradient kernel that passes/autodiff.py builds; this module
+orders those calls. A :class:`Tape` records the kernels called inside its ``with`` block (by
+wrapping every kernel's call path while it is open: calls outside a Tape pay nothing) and on exit
+runs their gradients in reverse order. ``@grad_replaced`` functions are recorded as one entry whose
+gradient is the function ``@grad_for`` registered.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import kernel as kernel_module
+from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
+from .field import gradient_holders
+
+_active_tape = None
+
+
+def clear_all_gradients() -> None:
+    """Zero the ``.grad`` of every field and ndarray created with ``needs_grad=True``."""
+    for data in gradient_holders():
+        data.grad.fill(0)
+
+
+class Tape:
+    """``with qd.ad.Tape(loss=l):`` — record kernel calls, then run their gradients in reverse.
+
+    On entry: gradients are cleared (``clear_gradients``) and ``l.grad[None]`` is set to 1; on
+    exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field (or
+    ndarray) with ``needs_grad=True``. ``validation`` (checking that no kernel overwrote data a
+    gradient needs) is not implemented: ``validation=True`` raises."""
+
+    def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False, grad_check=None):
+        if validation:
+            raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) is not supported by qd_numba yet")
+        if loss is not None:
+            if getattr(loss, "grad", None) is None:
+                raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss {loss!r} needs a gradient: create it with "
+                                           "needs_grad=True")
+            if tuple(loss.shape) != ():
+                raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss must be a 0-d (scalar) field, got shape "
+                                           f"{tuple(loss.shape)}")
+        self.loss = loss
+        self.clear_gradients = clear_gradients
+        self.calls = []
+        self.entered = False
+        self.gradient_evaluated = False
+
+    def __enter__(self):
+        global _active_tape
+        if _active_tape is not None:
+            raise QuadrantsRuntimeError("qd.ad.Tape: tapes cannot be nested (a Tape is already recording)")
+        if self.entered:
+            raise QuadrantsRuntimeError("qd.ad.Tape: this tape was already used")
+        self.entered = True
+        if self.clear_gradients:
+            clear_all_gradients()
+        if self.loss is not None:
+            self.loss.grad.fill(1)
+        _active_tape = self
+        kernel_module.wrap_calls(_recording_call)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active_tape
+        _active_tape = None
+        kernel_module.wrap_calls(None)
+        if exc_type is None:
+            self.grad()
+
+    def insert(self, fn, args) -> None:
+        self.calls.append((fn, args))
+
+    def grad(self) -> None:
+        """Run the recorded calls' gradients, last call first."""
+        if self.gradient_evaluated:
+            raise QuadrantsRuntimeError("qd.ad.Tape: the gradients were already evaluated")
+        for fn, args in reversed(self.calls):
+            fn.grad(*args)
+        self.gradient_evaluated = True
+
+
+def _recording_call(kernel, call):
+    if kernel.autodiff_mode is not None:
+        return call
+
+    @functools.wraps(call)
+    def recording(self, *args, **kwargs):
+        tape = _active_tape
+        if tape is not None:
+            if kwargs:
+                args = self._bind(args, kwargs)
+                kwargs = {}
+            tape.insert(self, args)
+        return call(self, *args, **kwargs)
+
+    return recording
+
+
+def grad_replaced(fn):
+    """A Python function recorded by a Tape as one call whose gradient is the function registered
+    with :func:`grad_for`; the kernels it calls are not recorded."""
+
+    @functools.wraps(fn)
+    def replaced(*args, **kwargs):
+        global _active_tape
+        tape = _active_tape
+        if tape is None:
+            return fn(*args, **kwargs)
+        tape.insert(replaced, args)
+        _active_tape = None
+        kernel_module.wrap_calls(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _active_tape = tape
+            kernel_module.wrap_calls(_recording_call)
+
+    replaced.grad = None
+    return replaced
+
+
+def grad_for(primal):
+    """``@qd.ad.grad_for(f)``: the decorated function is the gradient of ``@grad_replaced`` ``f``."""
+    if not hasattr(primal, "grad") or not callable(primal):
+        raise QuadrantsSyntaxError("qd.ad.grad_for: the primal must be a @qd.ad.grad_replaced function")
+
+    def register(grad_fn):
+        primal.grad = grad_fn
+        return grad_fn
+
+    return register

@@ -1,0 +1,560 @@
+"""ReverseMode: the gradient kernel of ``kernel.grad`` — a reverse-mode task per forward task.
+
+Runs only in a compile with ``state.autodiff_mode == "reverse"`` (the gradient kernel is a
+separate compile of the same kernel), after PlanTasks. Input: the kernel's range-for tasks;
+serial code between them must be pure (loop bounds, shapes). Output: the same tasks in reverse
+order, each body replaced by
+
+1. the forward body, recomputed with every assignment renamed to a fresh *version* (so each
+   value the adjoints read survives), global stores and atomics dropped (the forward kernel made
+   them), and each block with several predecessors recording which one it came from;
+2. the adjoint body: each block's statements in reverse, every rule from one table
+   (``ops/math_ops.py``: ``MATH_OPS`` and ``OPERATOR_ADJOINTS``), traced into IR; the walk over
+   the blocks replays the recorded path backwards (an ``if``/``else`` comes out mirrored);
+   adjoints of global data accumulate atomically into ``.grad`` fields.
+
+Adjoints are typed by the compiled helpers of lowering/autodiff.py (``zero_like``, ``ad_acc``):
+this pass never knows a type, so integers carry float adjoints nobody reads, and integer casts
+stop gradients by rule. Loops inside a task (adstacks) are rejected with a clear error in this
+slice. The pass then reorders the tasks and re-runs PlanTasks; it never touches the forward
+compile.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import dataclasses
+import math
+import operator
+
+import numpy as np
+from numba.core import types
+
+from .. import math as qd_math
+from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
+from ..field import Field
+from ..lang import random as qd_random
+from ..lowering import autodiff as ad_helpers
+from ..lowering import spaces, subscripts
+from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
+from .base import MISSING, is_global_data, try_static
+from .ir_builder import successors
+from .plan_tasks import PlanTasks
+
+# callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
+_MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS}
+_MATH_CALLEES.update({getattr(math, name): name for name in MATH_OPS if hasattr(math, name)})
+_MATH_CALLEES.update({builtins.abs: "abs", builtins.min: "min", builtins.max: "max", math.fabs: "abs"})
+_FLOAT_CASTS = (builtins.float, np.float32, np.float64)
+# calls that carry no gradient (indices, iteration spaces, integer conversions, random numbers)
+_NO_GRADIENT = {builtins.int, builtins.bool, builtins.len, builtins.range, ad_helpers.stop_grad,
+                spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
+                spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple}
+_COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
+
+
+def _is_no_gradient(callee) -> bool:
+    try:
+        if callee in _NO_GRADIENT:
+            return True
+    except TypeError:           # unhashable
+        return False
+    return isinstance(callee, (types.Integer, types.Boolean)) or callee is qd_random
+
+
+class ReverseMode:
+    name = "reverse_mode"
+
+    def run(self, state) -> bool:
+        if getattr(state, "autodiff_mode", None) != "reverse":
+            return False
+        if state.returns_value:
+            raise state.error(QuadrantsCompilationError,
+                              "kernel.grad: a kernel that returns a value cannot be differentiated")
+        for unit in state.task_plan.units:
+            if unit.kind == "serial":
+                raise state.error(QuadrantsCompilationError,
+                                  f"kernel.grad: serial code with side effects ({unit.task.loc}) cannot be "
+                                  "differentiated yet; move it into a parallel loop")
+        for lp in state.loops:
+            _Transform(state, lp).run()
+        _reverse_task_order(state)
+        state.refresh_definitions()
+        PlanTasks().run(state)
+        return True
+
+
+# -- tracing adjoint rules into IR -------------------------------------------------------------------
+
+class _Emitter:
+    """Appends statements to ``out``: fresh temporaries, constants, binops, calls."""
+
+    def __init__(self, state, scope, loc, out):
+        self.state, self.ir, self.scope, self.loc, self.out = state, state.ir, scope, loc, out
+
+    def var(self, name="$ad"):
+        return self.scope.redefine(name, self.loc)
+
+    def assign(self, value, name="$ad"):
+        target = self.var(name)
+        self.out.append(self.ir.Assign(value, target, self.loc))
+        return target
+
+    def const(self, value):
+        return self.assign(self.ir.Const(value, self.loc), "$ad_const")
+
+    def call(self, fn, args, name="$ad"):
+        fvar = self.assign(self.ir.Global(getattr(fn, "__name__", "fn"), fn, self.loc), "$ad_fn")
+        return self.assign(self.ir.Expr.call(fvar, list(args), (), self.loc), name)
+
+    def binop(self, fn, a, b):
+        return self.assign(self.ir.Expr.binop(fn, self.value(a), self.value(b), self.loc))
+
+    def value(self, x):
+        return x.var if isinstance(x, _Sym) else self.const(x) if not isinstance(x, self.ir.Var) else x
+
+
+class _Sym:
+    """An IR value inside a traced adjoint rule: Python operators emit IR."""
+
+    def __init__(self, e, var):
+        self.e, self.var = e, var
+
+    def _bin(self, fn, other, swap=False):
+        a, b = (other, self) if swap else (self, other)
+        return _Sym(self.e, self.e.binop(fn, a, b))
+
+    def __add__(self, o): return self._bin(operator.add, o)
+    def __radd__(self, o): return self._bin(operator.add, o, True)
+    def __sub__(self, o): return self._bin(operator.sub, o)
+    def __rsub__(self, o): return self._bin(operator.sub, o, True)
+    def __mul__(self, o): return self._bin(operator.mul, o)
+    def __rmul__(self, o): return self._bin(operator.mul, o, True)
+    def __truediv__(self, o): return self._bin(operator.truediv, o)
+    def __rtruediv__(self, o): return self._bin(operator.truediv, o, True)
+    def __gt__(self, o): return self._bin(operator.gt, o)
+    def __lt__(self, o): return self._bin(operator.lt, o)
+    def __ge__(self, o): return self._bin(operator.ge, o)
+    def __le__(self, o): return self._bin(operator.le, o)
+    def __and__(self, o): return self._bin(operator.and_, o)
+
+    def __neg__(self):
+        return _Sym(self.e, self.e.assign(self.e.ir.Expr.unary(operator.neg, self.var, self.e.loc)))
+
+
+class _QdCalls:
+    """The ``qd`` a rule calls (``qd.cos(x)``): emits calls of qd_numba.math's functions."""
+
+    def __init__(self, e):
+        self.e = e
+
+    def __getattr__(self, name):
+        fn = getattr(qd_math, name)
+        return lambda *args: _Sym(self.e, self.e.call(fn, [self.e.value(a) for a in args]))
+
+
+def trace_rule(e, rule, args, out, g) -> list:
+    """The contributions of ``rule`` (one per argument) as IR variables appended to ``e.out``."""
+    grads = rule([_Sym(e, a) for a in args], _Sym(e, out), _Sym(e, g), _QdCalls(e))
+    return [e.value(x) for x in grads]
+
+
+# -- the per-task transform -------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Block:
+    label: int
+    reverse: int                    # label of its adjoint block
+    items: list                     # ("entry"|"exit", version, name) or ("stmt", original stmt, forward stmt)
+    versions: list                  # version vars defined here, in order
+    preds: list                     # predecessor labels inside the body
+    came_from: object = None        # blocks with several predecessors: the var recording which one
+
+
+class _Transform:
+    def __init__(self, state, lp):
+        self.state, self.lp, self.ir = state, lp, state.ir
+        self.blocks = state.func_ir.blocks
+        header = self.blocks[lp.header]
+        self.scope, self.loc = header.scope, header.loc
+        self.entry = header.body[-1].truebr
+        self.body = sorted(lp.body - {lp.header})
+        self.assigned = {stmt.target.name for lbl in self.body for stmt in self.blocks[lbl].body
+                         if isinstance(stmt, self.ir.Assign)}
+        self.adjoint = {}           # version name -> adjoint var
+        self.canonical = {}         # user variable name -> adjoint var of its value across blocks
+
+    def run(self):
+        ir = self.ir
+        order = self._topological_order()
+        latch = self.latch = self.state.new_label()
+        self.blocks[latch] = ir.Block(self.scope, self.loc)
+        self.blocks[latch].body = [ir.Jump(self.lp.header, self.loc)]
+        for lbl in self.body:
+            term = self.blocks[lbl].body[-1]
+            if self.lp.header in successors(ir, self.blocks[lbl]):
+                self.blocks[lbl].body[-1] = _retargeted(ir, term, {self.lp.header: latch})
+        order.append(latch)
+        preds = {lbl: [] for lbl in order}
+        for lbl in order:
+            for succ in successors(ir, self.blocks[lbl]):
+                if succ in preds:
+                    preds[succ].append(lbl)
+        info = {}
+        for lbl in order:
+            info[lbl] = _Block(lbl, self.state.new_label(), [], [], preds[lbl])
+            self.blocks[info[lbl].reverse] = ir.Block(self.scope, self.loc)
+        done = self.state.new_label()
+        self.blocks[done] = ir.Block(self.scope, self.loc)
+        self.blocks[done].body.append(ir.Jump(self.lp.header, self.loc))
+        for lbl in order:
+            self._forward(info[lbl])
+        new_labels = {done}
+        for lbl in reversed(order):
+            new_labels |= self._reverse(info[lbl], info, done, latch)
+        self.lp.body |= {latch} | new_labels
+        self.state.tasks = [dataclasses.replace(t, body=frozenset(self.lp.body)) if t.header == self.lp.header
+                            else t for t in self.state.tasks]
+
+    def _topological_order(self):
+        ir = self.ir
+        order, state_of = [], {}
+
+        def visit(lbl):
+            state_of[lbl] = "open"
+            for succ in successors(ir, self.blocks[lbl]):
+                if succ == self.lp.header or succ not in self.lp.body:
+                    continue
+                if state_of.get(succ) == "open":
+                    loc = self.blocks[lbl].body[-1].loc
+                    raise self.state.error(
+                        QuadrantsSyntaxError,
+                        "kernel.grad: a loop inside a parallel for loop cannot be differentiated yet "
+                        "(adstacks are not implemented)", loc)
+                if succ not in state_of:
+                    visit(succ)
+            state_of[lbl] = "done"
+            order.append(lbl)
+
+        visit(self.entry)
+        return order[::-1]
+
+    # -- forward: renamed recomputation -----------------------------------------------------------
+    def _forward(self, b: _Block):
+        ir, state = self.ir, self.state
+        block = self.blocks[b.label]
+        out = []
+        e = _Emitter(state, self.scope, block.loc, out)
+        if len(b.preds) > 1:
+            b.came_from = e.assign(self._fixed("$ad_cur"), "$ad_pred")
+        out.append(ir.Assign(ir.Const(b.label, block.loc), self._fixed("$ad_cur"), block.loc))
+        current = {}
+
+        def renamed(var):
+            name = var.name
+            if name not in self.assigned:
+                return var
+            if name not in current:
+                version = e.var(f"$ad_{_clean(name)}")
+                out.append(ir.Assign(ir.Var(self.scope, name, var.loc), version, var.loc))
+                b.items.append(("entry", version, name))
+                b.versions.append(version)
+                current[name] = version
+            return current[name]
+
+        written = []
+        for stmt in block.body[:-1]:
+            if isinstance(stmt, ir.Del):
+                continue
+            read = stmt.list_vars() if not isinstance(stmt, ir.Assign) else \
+                [stmt.value] if isinstance(stmt.value, ir.Var) else stmt.value.list_vars() \
+                if isinstance(stmt.value, ir.Expr) else []
+            mapping = {v.name: renamed(v) for v in read}
+            fwd = _renamed_copy(state, stmt, mapping)
+            if isinstance(stmt, ir.Assign):
+                version = e.var(f"$ad_{_clean(stmt.target.name)}")
+                fwd.target = version
+                out.append(self._forward_effect(stmt, fwd))
+                current[stmt.target.name] = version
+                b.versions.append(version)
+                written.append(stmt.target.name)
+                b.items.append(("stmt", stmt, fwd))
+            elif isinstance(stmt, (ir.SetItem, ir.StaticSetItem)) and is_global_data(state, stmt.target):
+                b.items.append(("store", stmt, fwd))    # the forward kernel stored it: not again
+            elif isinstance(stmt, ir.Print):
+                continue
+            else:
+                raise state.error(QuadrantsSyntaxError,
+                                  f"kernel.grad: this statement cannot be differentiated ({type(stmt).__name__})",
+                                  stmt.loc)
+        term = block.body[-1] if b.label != self.latch else ir.Jump(b.reverse, block.loc)
+        if isinstance(term, ir.Branch):
+            term = ir.Branch(renamed(term.cond), term.truebr, term.falsebr, term.loc)
+        for name in dict.fromkeys(written):
+            out.append(ir.Assign(current[name], ir.Var(self.scope, name, block.loc), block.loc))
+            b.items.append(("exit", current[name], name))
+        out.append(term)
+        block.body = out
+
+    def _forward_effect(self, stmt, fwd):
+        """An atomic update of global data: the forward kernel did it; the old value is read."""
+        ir = self.ir
+        value = stmt.value
+        if isinstance(value, ir.Expr) and value.op == "call" \
+                and try_static(self.state, value.func) is subscripts.atomic_update:
+            base, index = fwd.value.args[0], fwd.value.args[1]
+            return ir.Assign(ir.Expr.getitem(base, index, stmt.loc), fwd.target, stmt.loc)
+        return fwd
+
+    # -- adjoint ----------------------------------------------------------------------------------
+    def _reverse(self, b: _Block, info, done, latch) -> set:
+        ir = self.ir
+        out = []
+        e = _Emitter(self.state, self.scope, self.loc, out)
+        if b.label == latch:
+            for name in sorted({name for other in info.values() for kind, _, name in other.items
+                                if kind == "exit"}):
+                self.canonical[name] = self._fixed(f"$ad_adjc_{_clean(name)}")
+                e.out.append(ir.Assign(e.call(ad_helpers.zero_like, [ir.Var(self.scope, name, self.loc)]),
+                                       self.canonical[name], self.loc))
+        for version in b.versions:
+            self.adjoint[version.name] = e.call(ad_helpers.zero_like, [version], "$ad_adj")
+        for item in reversed(b.items):
+            kind = item[0]
+            if kind == "exit":
+                _, version, name = item
+                self._add(e, version, self.canonical[name])
+                e.out.append(ir.Assign(e.call(ad_helpers.zero_like, [version]), self.canonical[name], self.loc))
+            elif kind == "entry":
+                _, version, name = item
+                adj = self.adjoint[version.name]
+                e.out.append(ir.Assign(e.call(ad_helpers.ad_acc, [self.canonical[name], adj]), self.canonical[name],
+                                       self.loc))
+            elif kind == "store":
+                self._store_adjoint(e, item[1], item[2])
+            else:
+                self._stmt_adjoint(e, item[1], item[2])
+        new = {b.reverse}
+        if b.label == self.entry:
+            out.append(ir.Jump(done, self.loc))
+        elif len(b.preds) == 1:
+            out.append(ir.Jump(info[b.preds[0]].reverse, self.loc))
+        else:
+            new |= self._dispatch(e, b, info)
+        self.blocks[b.reverse].body = out
+        return new
+
+    def _dispatch(self, e, b, info) -> set:
+        """Branch to the adjoint of the predecessor this block came from."""
+        ir = self.ir
+        new = set()
+        for pred in b.preds[:-1]:
+            hit = e.binop(operator.eq, b.came_from, e.const(pred))
+            nxt = self.state.new_label()
+            e.out.append(ir.Branch(hit, info[pred].reverse, nxt, self.loc))
+            self.blocks[nxt] = ir.Block(self.scope, self.loc)
+            self.blocks[nxt].body = e.out = []
+            new.add(nxt)
+        e.out.append(ir.Jump(info[b.preds[-1]].reverse, self.loc))
+        return new
+
+    def _fixed(self, name):
+        """A variable of this name, assigned in several blocks (not renamed)."""
+        self.scope.get_or_define(name, self.loc)
+        return self.ir.Var(self.scope, name, self.loc)
+
+    def _add(self, e, var, contribution):
+        """``adj(var) += contribution`` when ``var`` is a version of this task body."""
+        adj = self.adjoint.get(var.name)
+        if adj is not None:
+            self.adjoint[var.name] = e.call(ad_helpers.ad_acc, [adj, contribution], "$ad_adj")
+
+    def _grad_field(self, e, base_stmt_var):
+        field = try_static(self.state, base_stmt_var)
+        if not isinstance(field, Field) or field.grad is None:
+            return None
+        return _hidden_var(self.state, field.grad, self.loc)
+
+    def _store_adjoint(self, e, stmt, fwd):
+        grad = self._grad_field(e, stmt.target)
+        if grad is None:
+            return
+        index = fwd.index if isinstance(stmt, self.ir.SetItem) else e.const(stmt.index)
+        self._add(e, fwd.value, e.assign(self.ir.Expr.getitem(grad, index, self.loc)))
+
+    def _stmt_adjoint(self, e, stmt, fwd):
+        ir, state = self.ir, self.state
+        value, new = stmt.value, fwd.value
+        g = self.adjoint[fwd.target.name]
+        if isinstance(value, ir.Var):
+            self._add(e, new, g)
+            return
+        if not isinstance(value, ir.Expr):
+            return                      # constants, globals, arguments
+        op = value.op
+        if op in ("binop", "inplace_binop", "unary"):
+            fn = value.fn if op != "inplace_binop" else value.immutable_fn
+            rule = OPERATOR_ADJOINTS.get(fn)
+            if rule is not None:
+                args = [new.lhs, new.rhs] if op != "unary" else [new.value]
+                self._apply(e, rule, args, fwd.target, g)
+            return
+        if op in ("getitem", "static_getitem"):
+            index = new.index if op == "getitem" else e.const(new.index)
+            if is_global_data(state, value.value):
+                grad = self._grad_field(e, value.value)
+                if grad is not None:
+                    e.call(subscripts.atomic_update, [grad, index, g, e.const("add")])
+            else:
+                self._add(e, new.value, e.call(ad_helpers.ad_item_adjoint, [new.value, index, g]))
+            return
+        if op == "getattr":
+            if value.attr in _COMPONENTS:
+                index = e.const(_COMPONENTS[value.attr])
+                self._add(e, new.value, e.call(ad_helpers.ad_item_adjoint, [new.value, index, g]))
+            return
+        if op == "call":
+            self._call_adjoint(e, stmt, fwd, g)
+
+    def _call_adjoint(self, e, stmt, fwd, g):
+        state = self.state
+        callee = try_static(state, stmt.value.func)
+        args = fwd.value.args
+        if callee is subscripts.atomic_update:
+            base, index = stmt.value.args[0], args[1]
+            op = try_static(state, stmt.value.args[3])
+            grad = self._grad_field(e, base) if is_global_data(state, base) else None
+            if grad is None:
+                return
+            if op not in ("add", "sub"):
+                raise state.error(QuadrantsSyntaxError,
+                                  f"kernel.grad: atomic '{op}' on a field with a gradient cannot be "
+                                  "differentiated", stmt.loc)
+            load = e.assign(self.ir.Expr.getitem(grad, index, self.loc))
+            self._add(e, args[2], load if op == "add" else e.assign(self.ir.Expr.unary(operator.neg, load, self.loc)))
+            return
+        if callee in _MATH_CALLEES:
+            name = _MATH_CALLEES[callee]
+            if len(args) != MATH_OPS[name].arity:
+                raise state.error(QuadrantsSyntaxError,
+                                  f"kernel.grad: {name} with {len(args)} arguments cannot be differentiated",
+                                  stmt.loc)
+            self._apply(e, MATH_OPS[name].adjoint, args, fwd.target, g)
+            return
+        if callee is subscripts.true_divide:
+            self._apply(e, OPERATOR_ADJOINTS[operator.truediv], args, fwd.target, g)
+            return
+        if callee is qd_math.cast:
+            dtype = try_static(state, stmt.value.args[1])
+            if isinstance(dtype, types.Float) or dtype in _FLOAT_CASTS:
+                self._add(e, args[0], g)
+            return
+        if callee in _FLOAT_CASTS or isinstance(callee, types.Float):
+            self._add(e, args[0], g)
+            return
+        if callee is not MISSING and _is_no_gradient(callee):
+            return
+        what = getattr(callee, "__name__", None) or "this function"
+        raise state.error(QuadrantsSyntaxError,
+                          f"kernel.grad: a call to {what} cannot be differentiated (use a qd.func, a "
+                          "qd math function, or qd.stop_grad)", stmt.loc)
+
+    def _apply(self, e, rule, args, out, g):
+        for arg, contribution in zip(args, trace_rule(e, rule, args, out, g)):
+            self._add(e, arg, contribution)
+
+
+def _renamed_copy(state, stmt, mapping):
+    """A copy of ``stmt`` reading the variables ``mapping`` renames (its target unchanged)."""
+    ir = state.ir
+    mapping = {name: var for name, var in mapping.items() if var.name != name}
+
+    def rename(node, mapping):
+        return state.tools.ir_utils.replace_vars_inner(node, mapping) if mapping and node is not None else node
+
+    if isinstance(stmt, ir.Assign):
+        value = stmt.value
+        if isinstance(value, ir.Expr):
+            value = copy.copy(value)
+            value._kws = dict(value._kws)
+        return ir.Assign(rename(value, mapping), stmt.target, stmt.loc)
+    if isinstance(stmt, ir.SetItem):
+        return ir.SetItem(rename(stmt.target, mapping), rename(stmt.index, mapping), rename(stmt.value, mapping),
+                          stmt.loc)
+    return ir.StaticSetItem(rename(stmt.target, mapping), stmt.index, rename(stmt.index_var, mapping),
+                            rename(stmt.value, mapping), stmt.loc)
+
+
+def _retargeted(ir, term, mapping):
+    if isinstance(term, ir.Jump):
+        return ir.Jump(mapping.get(term.target, term.target), term.loc)
+    return ir.Branch(term.cond, mapping.get(term.truebr, term.truebr), mapping.get(term.falsebr, term.falsebr),
+                     term.loc)
+
+
+def _clean(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _hidden_var(state, obj, loc):
+    """The hidden argument of field ``obj`` (a new one for a gradient field the kernel did not use)."""
+    ir = state.ir
+    entry = state.func_ir.blocks[min(state.func_ir.blocks)]
+    scope = entry.scope
+    key = id(obj)
+    if key not in state.hidden_vars:
+        index = len(state.runtime_params) + len(state.hidden)
+        name = f"__qd_field_{len(state.hidden)}"
+        state.hidden.append(obj)
+        scope.get_or_define(name, loc)
+        state.hidden_vars[key] = name
+        entry.body.insert(0, ir.Assign(ir.Arg(name, index, loc), ir.Var(scope, name, loc), loc))
+    return ir.Var(scope, state.hidden_vars[key], loc)
+
+
+# -- task order ----------------------------------------------------------------------------------------
+
+def _reverse_task_order(state):
+    """Run the (pure) serial code first, then the loops last to first.
+
+    Each loop's preheader skips its loop (its iteration space is still computed there); a new
+    preheader per loop holds the iterator plumbing; the kernel's return block starts the chain
+    ``loop n-1 -> ... -> loop 0 -> return``."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    loops = sorted(state.loops, key=lambda lp: lp.task_index)
+    if not loops:
+        return
+    in_loops = set().union(*(lp.body for lp in loops))
+    returns = [lbl for lbl, block in blocks.items() if lbl not in in_loops and isinstance(block.body[-1], ir.Return)]
+    if len(returns) != 1:
+        raise state.error(QuadrantsCompilationError, "kernel.grad: a kernel with several returns cannot be "
+                          "differentiated")
+    ret_label = returns[0]
+    ret_block = blocks[ret_label]
+    loc = ret_block.loc
+    final = max(blocks) + 1
+    blocks[final] = ir.Block(ret_block.scope, loc)
+    blocks[final].body = [ret_block.body[-1]]
+    new_pre = {}
+    for lp in loops:
+        pre = blocks[lp.preheader]
+        plumbing = {id(s) for s in lp.plumbing}
+        label = max(blocks) + 1
+        blocks[label] = ir.Block(pre.scope, pre.loc)
+        blocks[label].body = [s for s in pre.body[:-1] if id(s) in plumbing] + [ir.Jump(lp.header, pre.loc)]
+        pre.body = [s for s in pre.body[:-1] if id(s) not in plumbing] + [ir.Jump(lp.exit, pre.loc)]
+        new_pre[lp.header] = label
+    ret_block.body[-1] = ir.Jump(new_pre[loops[-1].header], loc)
+    for k, lp in enumerate(loops):
+        exit_to = new_pre[loops[k - 1].header] if k > 0 else final
+        header = blocks[lp.header]
+        header.body[-1] = _retargeted(ir, header.body[-1], {lp.exit: exit_to})
+        lp.preheader, lp.exit = new_pre[lp.header], exit_to
+    n = len(loops)
+    by_header = {t.header: t for t in state.tasks}
+    for lp in loops:
+        lp.task_index = n - 1 - lp.task_index
+    state.loops = sorted(loops, key=lambda lp: lp.task_index)
+    state.tasks = [by_header[lp.header].renumbered(lp.task_index) for lp in state.loops]

@@ -37,6 +37,7 @@ from .dtypes import (
 from .errors import (
     QuadrantsAssertionError,
     QuadrantsCompilationError,
+    QuadrantsConfigError,
     QuadrantsError,
     QuadrantsIndexError,
     QuadrantsNameError,

@@ -57,7 +57,10 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     overrides = {k: v for k, v in dict(debug=debug, print_ir=print_ir, default_fp=default_fp,
                                        default_ip=default_ip, random_seed=random_seed,
                                        cpu_max_num_threads=cpu_max_num_threads).items() if v is not None}
-    arch = arch or os.environ.get("QD_ARCH", "").strip().lower() or cpu
+    where = "qd.init(arch=...)"
+    if not arch and os.environ.get("QD_ARCH", "").strip():
+        arch, where = os.environ["QD_ARCH"].strip().lower(), "QD_ARCH"
+    arch = arch or cpu
     if isinstance(arch, (list, tuple)):
         arch = arch[0]
     if arch in (x64, arm64):
@@ -66,7 +69,7 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
         raise QuadrantsRuntimeError(f"qd.init(arch=qd.{arch}): {_OTHER_BACKENDS[arch]} is a Quadrants backend but not "
                                     f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
-        raise QuadrantsRuntimeError(f"qd.init: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
+        raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
     if arch in (cuda, gpu):
         if not _cuda_ready():
             raise QuadrantsRuntimeError(
@@ -86,11 +89,23 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     forget_compiled()
     profiler.apply_log_level(config.current.log_level)
     profiler.kernel_profiler.clear()   # records of the dropped kernels
-    if config.current.cpu_max_num_threads:
-        import numba
-
-        numba.set_num_threads(min(config.current.cpu_max_num_threads, numba.config.NUMBA_NUM_THREADS))
+    _apply_thread_limit(config.current.cpu_max_num_threads)
     _reset_random()
+
+
+_thread_limit = 0   # the cpu_max_num_threads in force (0: none, all of Numba's threads)
+
+
+def _apply_thread_limit(limit: int) -> None:
+    """Limit the threads of parallel tasks to ``limit``, or lift an earlier limit (0): the
+    option lasts until the next ``qd.init``, as every other option does."""
+    global _thread_limit
+    if limit == _thread_limit:
+        return
+    import numba
+
+    numba.set_num_threads(min(limit, numba.config.NUMBA_NUM_THREADS) if limit else numba.config.NUMBA_NUM_THREADS)
+    _thread_limit = limit
 
 
 # -- qd.random ---------------------------------------------------------------------------------

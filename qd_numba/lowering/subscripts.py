@@ -12,7 +12,6 @@ import operator
 from numba.core import types
 from numba.extending import overload
 
-from .. import config
 from ..typing.field import FieldType
 from .field import element_atomic, element_store
 
@@ -45,7 +44,7 @@ def apply_op(a, b, op):
     _compiled_only()
 
 
-def true_divide(a, b):
+def true_divide(a, b, default_fp):
     _compiled_only()
 
 
@@ -182,11 +181,12 @@ def _apply_op(a, b, op):
 
 
 @overload(true_divide)
-def _true_divide(a, b):
+def _true_divide(a, b, default_fp):
+    """``a / b``; two integers divide in ``default_fp`` (a type constant of the compile's config)."""
     if isinstance(a, types.Integer) and isinstance(b, types.Integer):
-        fp = config.current.default_fp
-        return lambda a, b: fp(a) / fp(b)
-    return lambda a, b: a / b
+        fp = default_fp.instance_type
+        return lambda a, b, default_fp: fp(a) / fp(b)
+    return lambda a, b, default_fp: a / b
 
 
 _ = element_store  # re-exported for the passes

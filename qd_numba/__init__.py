@@ -3,7 +3,10 @@
 ``import qd_numba as qd``; see README.md and docs/. This module only re-exports the public API.
 """
 
-from . import lowering as _lowering  # noqa: F401  (registers Numba extensions)
+from .lowering import field as _lowering_field  # noqa: F401  (register Numba extensions)
+from .lowering import spaces as _lowering_spaces  # noqa: F401
+from .lowering import subscripts as _lowering_subscripts  # noqa: F401
+from .ops import matrix_methods as _matrix_methods  # noqa: F401
 from . import (
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)

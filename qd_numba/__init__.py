@@ -68,7 +68,6 @@ from .lang import (
     static,
     static_assert,
     static_print,
-    sync,
 )
 from .math import (
     abs,
@@ -95,7 +94,7 @@ from .math import (
 )
 from .matrix import Matrix, Vector
 from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level
-from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64, x86_64
+from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64
 from .task import Task
 
 __version__ = "0.1.0"

@@ -68,7 +68,7 @@ class CompileState:
     kernel_qualname: str = ""       # '<module>.<qualname>': names tasks (stable across processes)
     returns_value: bool = False     # the kernel's annotation promises a return value
     task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
-    random_state: object = None     # () -> the runtime's qd.random state field (runtime.random_state)
+    random_state: object = None     # () -> qd.random's state field (random_state.state_field)
 
     @property
     def ir(self):

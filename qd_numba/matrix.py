@@ -5,7 +5,8 @@ Responsibilities:
 
 * :class:`Matrix` / :class:`Vector` — user-facing classes. In Python scope an instance holds a
   numpy array (``entries``; shape ``(n,)`` or ``(n, m)``) and supports indexing, arithmetic, the
-  methods of compiled code (via numpy) and ``to_numpy()``. Inside compiled code the same names
+  methods of compiled code (the numpy column of ``qd_numba/ops/matrix_methods.py``) and
+  ``to_numpy()``. It is ``MatrixType.python_class``: what compiled values box to. Inside compiled code the same names
   build register values (``qd.Vector([a, b], dt=qd.f64)``, ``qd.Matrix.identity(qd.f32, 3)``).
 * ``typeof`` of an instance is its :class:`~qd_numba.typing.matrix.MatrixType`, so instances are
   compile-time constants when captured as globals and are boxed/unboxed as arguments.

@@ -19,6 +19,7 @@ them exactly (numpy computes, then the result is cast to the rule's dtype).
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import numpy as np
@@ -273,7 +274,9 @@ class Matrix(metaclass=_MatrixMeta):
 
 def _add_methods():
     for row in MATRIX_METHODS.values():
-        def method(self, *args, row=row):
+        def method(self, *args, row=row, **kwargs):
+            if kwargs:  # v.norm(eps=1e-6): keywords named as the numpy column's parameters
+                args = inspect.signature(row.numpy).bind(self.entries, *args, **kwargs).args[1:]
             return self._call_method(row, args)
 
         method.__name__, method.__qualname__ = row.name, f"Matrix.{row.name}"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import platform
 
+import numba
+
 from . import config, profiler, random_state
 from .errors import QuadrantsRuntimeError
 from .targets.base import target_for
@@ -97,8 +99,6 @@ def _apply_thread_limit(limit: int) -> None:
     global _thread_limit
     if limit == _thread_limit:
         return
-    import numba
-
     numba.set_num_threads(min(limit, numba.config.NUMBA_NUM_THREADS) if limit else numba.config.NUMBA_NUM_THREADS)
     _thread_limit = limit
 

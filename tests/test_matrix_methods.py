@@ -107,3 +107,14 @@ def test_row_in_a_kernel_and_in_python_scope(name, k, dtype, rng):
     py = py.to_numpy() if isinstance(py, qd.Matrix) else np.asarray(py)
     assert py.dtype == to_numpy(expected_dtype)
     np.testing.assert_allclose(py, got[0], rtol=rtol, atol=rtol)
+
+
+def test_python_scope_keywords_and_arity(rng):
+    x = rng.standard_normal(3).astype(np.float32)
+    v = qd.Vector(x)
+    np.testing.assert_allclose(v.norm(eps=EPS), np.sqrt(_float(x) @ _float(x) + EPS), rtol=1e-6)
+    np.testing.assert_allclose(v.normalized(eps=EPS).to_numpy(), x / np.sqrt(_float(x) @ _float(x) + EPS), rtol=1e-6)
+    with pytest.raises(qd.QuadrantsTypeError, match=r"dot\(\) takes 1\.\.1 positional arguments, got 0"):
+        v.dot()
+    with pytest.raises(qd.QuadrantsTypeError, match=r"transpose\(\) needs a matrix"):
+        v.transpose()

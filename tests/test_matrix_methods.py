@@ -36,8 +36,9 @@ CALLS = {
     "min": [((3,), [], np.min)],
     "trace": [((3, 3), [], np.trace)],
     "determinant": [((n, n), [], np.linalg.det) for n in (2, 3, 4)],
+    "inverse": [((n, n), [], np.linalg.inv) for n in (1, 2, 3, 4)],
 }
-FLOAT_RESULT = {"norm", "normalized"}     # integer matrices give f32; every other row keeps the dtype
+FLOAT_RESULT = {"norm", "normalized", "inverse"}     # integer matrices give f32; every other row keeps the dtype
 
 
 def test_every_row_has_calls():
@@ -48,11 +49,14 @@ def _type(shape, dtype):
     return qd.types.vector(shape[0], dtype) if len(shape) == 1 else qd.types.matrix(*shape, dtype)
 
 
-def _random(rng, shape, dtype):
+def _random(rng, shape, dtype, name):
     if dtype == qd.i32:
-        return rng.integers(-4, 5, (N, *shape)).astype(np.int32)
-    x = rng.uniform(-2.0, 2.0, (N, *shape))
-    x[np.abs(x) < 0.1] = 0.5       # normalized() of a near-zero vector is ill-conditioned
+        x = rng.integers(-4, 5, (N, *shape))
+    else:
+        x = rng.uniform(-2.0, 2.0, (N, *shape))
+        x[np.abs(x) < 0.1] = 0.5       # normalized() of a near-zero vector is ill-conditioned
+    if name == "inverse":              # well-conditioned: diagonally dominant
+        x = x + 10 * np.eye(shape[0], dtype=x.dtype)
     return x.astype(to_numpy(dtype))
 
 
@@ -75,7 +79,7 @@ CASES = [(name, k, dtype) for name, calls in CALLS.items() for k in range(len(ca
 def test_row_in_a_kernel_and_in_python_scope(name, k, dtype, rng):
     shape, args, reference = CALLS[name][k]
     mat_types = [_type(shape, dtype)] + [_type(a, dtype) for a in args if isinstance(a, tuple)]
-    inputs = [_random(rng, shape, dtype)] + [_random(rng, a, dtype) for a in args if isinstance(a, tuple)]
+    inputs = [_random(rng, s, dtype, name) for s in [shape, *args] if isinstance(s, tuple)]
     arg_exprs = [f"a{k}[i]" if isinstance(a, tuple) else repr(a)
                  for k, a in enumerate(args, start=1)]
     rt = method_type(mat_types[0], name, mat_types[1:] + [qd.f64 for a in args if a == EPS])

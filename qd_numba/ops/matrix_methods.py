@@ -125,6 +125,13 @@ def _determinant_type(mt, args):
     return arith_dtype(mt.dtype)
 
 
+def _inverse_type(mt, args):
+    _need_square(mt, "inverse")
+    if mt.n > 4:
+        raise errors.TypingError(f"inverse() supports n <= 4, got {mt}")
+    return mt.with_dtype(default_float(mt.dtype))
+
+
 # -- emitters -------------------------------------------------------------------------------------
 
 def _other(context, builder, args, dtype):
@@ -243,6 +250,25 @@ def _emit_determinant(context, builder, mt, vals, rt, args):
     return _determinant(context, builder, rt, [vals[i * mt.m:(i + 1) * mt.m] for i in range(mt.n)])
 
 
+def _emit_inverse(context, builder, mt, vals, rt, args):
+    """The adjugate over the determinant: ``inv[i][j] = (-1)^(i+j) det(minor(j, i)) / det``."""
+    ft, n = rt.dtype, mt.n
+    vals = cast_all(context, builder, vals, mt.dtype, ft)
+    rows = [vals[i * n:(i + 1) * n] for i in range(n)]
+    inv_det = scalar_binop(context, builder, operator.truediv, ft, context.get_constant(ft, 1.0),
+                           _determinant(context, builder, ft, rows))
+    if n == 1:
+        return pack(context, builder, rt, [inv_det])
+    negate = context.get_function(operator.neg, signature(ft, ft))
+    out = []
+    for i in range(n):
+        for j in range(n):
+            minor = [r[:i] + r[i + 1:] for k, r in enumerate(rows) if k != j]
+            term = scalar_binop(context, builder, operator.mul, ft, _determinant(context, builder, ft, minor), inv_det)
+            out.append(term if (i + j) % 2 == 0 else negate(builder, (term,)))
+    return pack(context, builder, rt, out)
+
+
 # -- numpy (Python scope) -------------------------------------------------------------------------
 
 def _float(x):
@@ -293,6 +319,7 @@ MATRIX_METHODS = {row.name: row for row in (
     _method("min", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.lt), np.min),
     _method("trace", (0, 0), _trace_type, _emit_trace, np.trace),
     _method("determinant", (0, 0), _determinant_type, _emit_determinant, _np_determinant),
+    _method("inverse", (0, 0), _inverse_type, _emit_inverse, lambda x: np.linalg.inv(_float(x))),
 )}
 
 

@@ -298,28 +298,24 @@ def _np_determinant(x):
 
 # -- the table ------------------------------------------------------------------------------------
 
-def _method(name, arity, result, emit, numpy):
-    return MatrixMethod(name, arity, result, emit, numpy)
-
-
 def _arith_result(mt, args):
     return arith_dtype(mt.dtype)
 
 
 MATRIX_METHODS = {row.name: row for row in (
-    _method("dot", (1, 1), _dot_type, _emit_dot, lambda x, y: np.sum(x * y)),
-    _method("norm", (0, 1), _norm_type, _emit_norm, _np_norm),
-    _method("norm_sqr", (0, 0), _arith_result, _emit_norm_sqr, lambda x: np.sum(x * x)),
-    _method("normalized", (0, 1), _normalized_type, _emit_normalized, _np_normalized),
-    _method("cross", (1, 1), _cross_type, _emit_cross, _np_cross),
-    _method("outer_product", (1, 1), _outer_product_type, _emit_outer_product, np.outer),
-    _method("transpose", (0, 0), _transpose_type, _emit_transpose, np.transpose),
-    _method("sum", (0, 0), _arith_result, _emit_sum, np.sum),
-    _method("max", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.gt), np.max),
-    _method("min", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.lt), np.min),
-    _method("trace", (0, 0), _trace_type, _emit_trace, np.trace),
-    _method("determinant", (0, 0), _determinant_type, _emit_determinant, _np_determinant),
-    _method("inverse", (0, 0), _inverse_type, _emit_inverse, lambda x: np.linalg.inv(_float(x))),
+    MatrixMethod("dot", (1, 1), _dot_type, _emit_dot, lambda x, y: np.sum(x * y)),
+    MatrixMethod("norm", (0, 1), _norm_type, _emit_norm, _np_norm),
+    MatrixMethod("norm_sqr", (0, 0), _arith_result, _emit_norm_sqr, lambda x: np.sum(x * x)),
+    MatrixMethod("normalized", (0, 1), _normalized_type, _emit_normalized, _np_normalized),
+    MatrixMethod("cross", (1, 1), _cross_type, _emit_cross, _np_cross),
+    MatrixMethod("outer_product", (1, 1), _outer_product_type, _emit_outer_product, np.outer),
+    MatrixMethod("transpose", (0, 0), _transpose_type, _emit_transpose, np.transpose),
+    MatrixMethod("sum", (0, 0), _arith_result, _emit_sum, np.sum),
+    MatrixMethod("max", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.gt), np.max),
+    MatrixMethod("min", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.lt), np.min),
+    MatrixMethod("trace", (0, 0), _trace_type, _emit_trace, np.trace),
+    MatrixMethod("determinant", (0, 0), _determinant_type, _emit_determinant, _np_determinant),
+    MatrixMethod("inverse", (0, 0), _inverse_type, _emit_inverse, lambda x: np.linalg.inv(_float(x))),
 )}
 
 

@@ -25,6 +25,8 @@ Responsibilities:
     comparisons give ``i32`` (0 or 1).
   - Math functions on integers compute in ``f32``, except
     ``abs floor ceil round min max clamp`` which keep the integer type.
+  - Methods (``v.dot(w)``, ``m.inverse()`` ...): each row of ``qd_numba/ops/matrix_methods.py``
+    states its result type with these helpers.
 
 * The literal-list rewrite: ``qd.Vector([a, b])`` would otherwise build a heap list (unusable on
   GPU); a before-inference rewrite turns literal list arguments of ``qd.Vector``/``qd.Matrix``/

@@ -3,7 +3,10 @@
 ``import qd_numba as qd``; see README.md and docs/. This module only re-exports the public API.
 """
 
-from . import lowering as _lowering  # noqa: F401  (registers Numba extensions)
+from .lowering import field as _lowering_field  # noqa: F401  (register Numba extensions)
+from .lowering import spaces as _lowering_spaces  # noqa: F401
+from .lowering import subscripts as _lowering_subscripts  # noqa: F401
+from .ops import matrix_methods as _matrix_methods  # noqa: F401
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
     math,  # noqa: E402  (qd.math namespace)
@@ -38,6 +41,7 @@ from .dtypes import (
 from .errors import (
     QuadrantsAssertionError,
     QuadrantsCompilationError,
+    QuadrantsConfigError,
     QuadrantsError,
     QuadrantsIndexError,
     QuadrantsNameError,
@@ -66,7 +70,6 @@ from .lang import (
     static,
     static_assert,
     static_print,
-    sync,
 )
 from .math import (
     abs,
@@ -93,7 +96,7 @@ from .math import (
 )
 from .matrix import Matrix, Vector
 from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level
-from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, vulkan, x64, x86_64
+from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64
 from .task import Task
 
 __version__ = "0.1.0"

@@ -13,6 +13,8 @@ import os
 
 from numba.core import types
 
+from .errors import QuadrantsConfigError
+
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no", ""}
 
@@ -27,7 +29,7 @@ def env_flag(name: str, default: bool = False) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{name}={raw!r}: expected one of 1/on/true/yes or 0/off/false/no")
+    raise QuadrantsConfigError(f"{name}={raw!r}: expected one of 1/on/true/yes or 0/off/false/no")
 
 
 def env_int(name: str, default: int) -> int:
@@ -37,18 +39,18 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+        raise QuadrantsConfigError(f"{name}={raw!r}: expected an integer") from None
 
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "critical")   # Quadrants' names, quietest last
 
 
-def log_level(value: str) -> str:
+def log_level(value: str, where: str = "log_level") -> str:
     """A log level name: one of :data:`LOG_LEVELS` (any case; ``warning`` is ``warn``)."""
     name = str(value).strip().lower()
     name = "warn" if name == "warning" else name
     if name not in LOG_LEVELS:
-        raise ValueError(f"log level {value!r}: expected one of {', '.join(LOG_LEVELS)} (e.g. qd.INFO)")
+        raise QuadrantsConfigError(f"{where}={value!r}: expected one of {', '.join(LOG_LEVELS)} (e.g. qd.INFO)")
     return name
 
 
@@ -83,6 +85,7 @@ class Config:
 
 
 def config_from_env(**overrides) -> Config:
+    level = os.environ.get("QD_LOG_LEVEL", "").strip()
     cfg = Config(
         debug=env_flag("QD_DEBUG"),
         print_ir=env_flag("QD_DUMP_IR"),
@@ -95,11 +98,11 @@ def config_from_env(**overrides) -> Config:
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
         kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
-        log_level=log_level(os.environ["QD_LOG_LEVEL"]) if os.environ.get("QD_LOG_LEVEL", "").strip() else None,
+        log_level=log_level(level, "QD_LOG_LEVEL") if level else None,
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):
-            raise TypeError(f"qd.init() got an unknown option {key!r}")
+            raise QuadrantsConfigError(f"qd.init() got an unknown option {key!r}")
         setattr(cfg, key, log_level(value) if key == "log_level" and value is not None else value)
     return cfg
 

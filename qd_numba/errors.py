@@ -58,6 +58,12 @@ class QuadrantsRuntimeError(QuadrantsError, RuntimeError):
     """An error while a kernel runs (out-of-bounds access in debug mode, no device, ...)."""
 
 
+class QuadrantsConfigError(QuadrantsError, TypeError, ValueError):
+    """A bad ``qd.init`` option or ``QD_*`` variable, named in the message: an unknown option
+    (catchable as ``TypeError``, as Python's own keyword errors) or an invalid value
+    (``ValueError``)."""
+
+
 class QuadrantsWarning(UserWarning):
     """Code that compiles and runs but likely not as meant; silence it with ``warnings.filterwarnings``."""
 

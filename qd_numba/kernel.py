@@ -17,7 +17,7 @@ import inspect
 import threading
 import weakref
 
-from . import config, dtypes
+from . import config, dtypes, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .frontend.args import Param, evaluate_annotation, param_kind
 from .frontend.diagnostics import run_frontend
@@ -43,6 +43,9 @@ def forget_compiled() -> None:
     configuration, e.g. ``debug`` or another arch, changes the code kernels compile to)."""
     for kernel in list(_KERNELS):
         kernel._forget()
+
+
+runtime.on_init(forget_compiled)
 
 
 class Kernel(KernelObject):

@@ -15,7 +15,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from . import config
+from . import config, dtypes, random_state
 from .errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 
 
@@ -84,15 +84,13 @@ def random(dtype=None):
     Reproducible: ``qd.init(random_seed=s)`` fixes every number a program draws, on every
     backend and thread count (lowering/random.py; docs/guide/random.md). In Python scope the
     same generator runs on its own stream."""
-    from . import dtypes, runtime
-
     cfg = config.current
     dt = cfg.default_fp if dtype is None or dtype is float else cfg.default_ip if dtype is int \
         else dtypes.to_numba(dtype)
     if not isinstance(dt, (types.Integer, types.Float)):
         raise QuadrantsTypeError(f"qd.random(dtype): dtype must be an integer or float type (qd.f32, qd.i32, ...), "
                                  f"got {dtype!r}")
-    return runtime.python_random(dt)
+    return random_state.python_random(dt)
 
 
 def _random_outside_kernel(dtype=None):
@@ -105,10 +103,3 @@ def _random_outside_kernel(dtype=None):
 
 overload(random, target="cpu")(_random_outside_kernel)
 overload(random, target="cuda")(_random_outside_kernel)
-
-
-def sync() -> None:
-    """Wait for all launched work (kernels on CPU return when done)."""
-    from . import runtime
-
-    runtime.sync()

@@ -32,13 +32,13 @@ from .matrix import Matrix, _nb_type, _wrap, matrix, vector
 from .ops.math_ops import MATH_OPS
 from .typing.matrix import (
     MatrixType,
-    _arith,
-    _shape_str,
+    arith_dtype,
     broadcast_dtype,
     default_float,
     dtype_arg,
     is_scalar,
     promote,
+    shape_str,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -55,13 +55,13 @@ def _operand_dtype(name, arg_types):
     for t in mats[1:]:
         if t.shape != mats[0].shape:
             raise errors.TypingError(
-                f"shape mismatch in qd.{name}: {_shape_str(mats[0])} and {_shape_str(t)}")
+                f"shape mismatch in qd.{name}: {shape_str(mats[0])} and {shape_str(t)}")
     if not mats:
-        dtype = _arith(arg_types[0])
+        dtype = arith_dtype(arg_types[0])
         for t in arg_types[1:]:
             dtype = promote(dtype, t)
         return dtype, None
-    dtype = _arith(mats[0].dtype)
+    dtype = arith_dtype(mats[0].dtype)
     for t in arg_types:
         dtype = promote(dtype, t.dtype) if isinstance(t, MatrixType) else broadcast_dtype(dtype, t)
     return dtype, mats[0]

@@ -5,7 +5,8 @@ Responsibilities:
 
 * :class:`Matrix` / :class:`Vector` — user-facing classes. In Python scope an instance holds a
   numpy array (``entries``; shape ``(n,)`` or ``(n, m)``) and supports indexing, arithmetic, the
-  methods of compiled code (via numpy) and ``to_numpy()``. Inside compiled code the same names
+  methods of compiled code (the numpy column of ``qd_numba/ops/matrix_methods.py``) and
+  ``to_numpy()``. It is ``MatrixType.python_class``: what compiled values box to. Inside compiled code the same names
   build register values (``qd.Vector([a, b], dt=qd.f64)``, ``qd.Matrix.identity(qd.f32, 3)``).
 * ``typeof`` of an instance is its :class:`~qd_numba.typing.matrix.MatrixType`, so instances are
   compile-time constants when captured as globals and are boxed/unboxed as arguments.
@@ -18,6 +19,7 @@ them exactly (numpy computes, then the result is cast to the rule's dtype).
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import numpy as np
@@ -29,7 +31,7 @@ from numba.np.numpy_support import from_dtype
 from .dtypes import f32, to_numba, to_numpy
 from .errors import QuadrantsTypeError
 from .field import Field, Ndarray
-from .lowering import matrix as _lowering_matrix  # noqa: F401  (registers data model and lowering)
+from .ops.matrix_methods import MATRIX_METHODS, method_type
 from .typing.matrix import (
     SWIZZLE,
     MatrixClass,
@@ -37,9 +39,7 @@ from .typing.matrix import (
     VectorClass,
     binop_dtypes,
     constructor_dtype,
-    default_float,
     matmul_type,
-    method_type,
 )
 
 
@@ -227,59 +227,33 @@ class Matrix(metaclass=_MatrixMeta):
     def __abs__(self):
         return _wrap(np.abs(self.entries))
 
-    # --- methods (same result dtypes as compiled code) ---------------------------------------
-    def _result(self, name, value, *others):
-        rt = method_type(self.type, name, [_nb_type(o) for o in others])
+    # --- methods: added from the table of compiled code's methods, below (same result dtypes) ---
+    def _call_method(self, row, args):
+        try:
+            rt = method_type(self.type, row.name, [_nb_type(a) for a in args])
+        except nb_errors.TypingError as e:
+            raise QuadrantsTypeError(str(e)) from None
+        value = row.numpy(self.entries, *[a.entries if isinstance(a, Matrix) else a for a in args])
         if isinstance(rt, MatrixType):
             return _wrap(np.asarray(value).astype(to_numpy(rt.dtype)))
         return to_numpy(rt).type(value)
 
-    def _float_entries(self):
-        return self.entries.astype(to_numpy(default_float(self.dtype)))
-
-    def dot(self, other):
-        return self._result("dot", np.sum(self.entries * other.entries), other)
-
-    def norm_sqr(self):
-        return self._result("norm_sqr", np.sum(self.entries * self.entries))
-
-    def norm(self, eps=0):
-        x = self._float_entries()
-        return self._result("norm", np.sqrt(np.sum(x * x) + x.dtype.type(eps)))
-
-    def normalized(self, eps=0):
-        x = self._float_entries()
-        return self._result("normalized", x * (x.dtype.type(1) / np.sqrt(np.sum(x * x) + x.dtype.type(eps))))
-
-    def cross(self, other):
-        a, b = self.entries, other.entries
-        if self.n == 2:
-            return self._result("cross", a[0] * b[1] - a[1] * b[0], other)
-        return self._result("cross", np.cross(a, b), other)
-
-    def outer_product(self, other):
-        return self._result("outer_product", np.outer(self.entries, other.entries), other)
-
-    def transpose(self):
-        return self._result("transpose", self.entries.T)
-
-    def sum(self):
-        return self._result("sum", np.sum(self.entries))
-
-    def max(self):
-        return self._result("max", np.max(self.entries))
-
-    def min(self):
-        return self._result("min", np.min(self.entries))
-
-    def trace(self):
-        return self._result("trace", np.trace(self.entries))
-
-    def determinant(self):
-        return self._result("determinant", np.linalg.det(self.entries.astype(np.float64)).round()
-                            if self.entries.dtype.kind in "iub" else np.linalg.det(self.entries))
-
     # --- constructors ------------------------------------------------------------------------
+    @staticmethod
+    def of_type(mt: MatrixType, args) -> Matrix:
+        """Python-scope ``mt(*args)``: scalars, sequences and vectors flattened, or one scalar to fill."""
+        flat = _flatten(list(args))
+        if len(flat) == 1 and mt.count > 1:
+            flat = flat * mt.count
+        if len(flat) != mt.count:
+            raise QuadrantsTypeError(f"{mt} takes {mt.count} values (or one scalar to fill), got {len(flat)}")
+        return _wrap(np.array(flat, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+
+    @staticmethod
+    def from_elements(mt: MatrixType, values: tuple) -> Matrix:
+        """The value of type ``mt`` with these elements, row-major (boxing compiled values)."""
+        return _wrap(np.array(values, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+
     @staticmethod
     def zero(dtype, n, m):
         return _wrap(np.zeros((n, m), dtype=to_numpy(dtype)))
@@ -298,6 +272,18 @@ class Matrix(metaclass=_MatrixMeta):
         return Ndarray(matrix(n, m, dtype), shape)
 
 
+def _add_methods():
+    for row in MATRIX_METHODS.values():
+        def method(self, *args, row=row, **kwargs):
+            if kwargs:  # v.norm(eps=1e-6): keywords named as the numpy column's parameters
+                args = inspect.signature(row.numpy).bind(self.entries, *args, **kwargs).args[1:]
+            return self._call_method(row, args)
+
+        method.__name__, method.__qualname__ = row.name, f"Matrix.{row.name}"
+        method.__doc__ = f"``{row.name}`` as in compiled code (qd_numba/ops/matrix_methods.py)."
+        setattr(Matrix, row.name, method)
+
+
 def _add_binops():
     names = {
         operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "truediv",
@@ -311,6 +297,7 @@ def _add_binops():
 
 
 _add_binops()
+_add_methods()
 
 
 class Vector(Matrix):
@@ -355,16 +342,6 @@ def _typeof_matrix(val, c):
     return val.type
 
 
-def construct_from_type(mt: MatrixType, args) -> Matrix:
-    """Python-scope ``mt(*args)``: scalars, sequences and vectors flattened, or one scalar to fill."""
-    flat = _flatten(list(args))
-    if len(flat) == 1 and mt.count > 1:
-        flat = flat * mt.count
-    if len(flat) != mt.count:
-        raise QuadrantsTypeError(f"{mt} takes {mt.count} values (or one scalar to fill), got {len(flat)}")
-    return _wrap(np.array(flat, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
-
-
 def matrix_argument(value, mt: MatrixType) -> Matrix:
     """The argument of a kernel parameter annotated ``mt``: ``value`` itself when it is a
     qd.Vector/qd.Matrix of that type, else a new one from a qd.Vector/qd.Matrix, tuple, list or
@@ -386,9 +363,7 @@ def matrix_argument(value, mt: MatrixType) -> Matrix:
     return _wrap(arr.astype(dtype))
 
 
-def from_flat_tuple(values: tuple, mt: MatrixType) -> Matrix:
-    """Boxing helper: the Python object for a compiled matrix value."""
-    return _wrap(np.array(values, dtype=to_numpy(mt.dtype)).reshape(mt.shape))
+MatrixType.python_class = Matrix     # what MatrixType values are in Python scope
 
 
 __all__ = ["Matrix", "Vector", "vector", "matrix", "MatrixType"]

@@ -7,17 +7,21 @@ ROCm; when they are missing, ``qd.init`` raises QuadrantsRuntimeError saying wha
 instead of falling back silently. Quadrants' other backends (``qd.metal``, ``qd.vulkan``) are
 not backends of qd_numba: naming one is an error too.
 
-``qd.init`` also resets the state of ``qd.random`` (see :func:`random_state`).
+``qd.init`` also resets the state of ``qd.random`` (random_state.py) and drops every kernel's
+compiled code (kernel.py registers that with :func:`on_init`: the runtime knows no kernel). It
+reaches a target only through the registry of targets/base.py.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import threading
 
-from . import config, profiler
+import numba
+
+from . import config, profiler, random_state
 from .errors import QuadrantsRuntimeError
+from .targets.base import target_for
 
 cpu = "cpu"
 cuda = "cuda"
@@ -43,12 +47,12 @@ def _host_arch(arch: str) -> str:
     return cpu
 
 
-def _cuda_ready() -> bool:
-    try:
-        from .targets.cuda.compile import cuda_available
-    except ImportError:
-        return False
-    return cuda_available()
+_on_init: list = []    # what the layers above do at each qd.init (kernel.py: drop compiled code)
+
+
+def on_init(callback) -> None:
+    """Call ``callback()`` at every ``qd.init``, after the new configuration is in place."""
+    _on_init.append(callback)
 
 
 def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=None, random_seed=None,
@@ -57,7 +61,10 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     overrides = {k: v for k, v in dict(debug=debug, print_ir=print_ir, default_fp=default_fp,
                                        default_ip=default_ip, random_seed=random_seed,
                                        cpu_max_num_threads=cpu_max_num_threads).items() if v is not None}
-    arch = arch or os.environ.get("QD_ARCH", "").strip().lower() or cpu
+    where = "qd.init(arch=...)"
+    if not arch and os.environ.get("QD_ARCH", "").strip():
+        arch, where = os.environ["QD_ARCH"].strip().lower(), "QD_ARCH"
+    arch = arch or cpu
     if isinstance(arch, (list, tuple)):
         arch = arch[0]
     if arch in (x64, arm64):
@@ -66,82 +73,38 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
         raise QuadrantsRuntimeError(f"qd.init(arch=qd.{arch}): {_OTHER_BACKENDS[arch]} is a Quadrants backend but not "
                                     f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
-        raise QuadrantsRuntimeError(f"qd.init: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
+        raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
     if arch in (cuda, gpu):
-        if not _cuda_ready():
-            raise QuadrantsRuntimeError(
-                f"qd.init(arch={arch}): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
-                "`pip install qd_numba[cuda]`); use qd.cpu")
-        from .targets.cuda.runtime import CudaRuntime
-
-        CudaRuntime.get()   # the device and its context now: a missing GPU is an error of qd.init
+        target_for(cuda).open()   # the device and its context now: a missing GPU is an error of qd.init
         arch = cuda
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
     options.pop("offline_cache", None)
     config.current = config.config_from_env(arch=arch, **overrides, **options)
-    from .kernel import forget_compiled
-
-    forget_compiled()
+    for callback in _on_init:
+        callback()
     profiler.apply_log_level(config.current.log_level)
     profiler.kernel_profiler.clear()   # records of the dropped kernels
-    if config.current.cpu_max_num_threads:
-        import numba
-
-        numba.set_num_threads(min(config.current.cpu_max_num_threads, numba.config.NUMBA_NUM_THREADS))
-    _reset_random()
+    _apply_thread_limit(config.current.cpu_max_num_threads)
+    random_state.reset()
 
 
-# -- qd.random ---------------------------------------------------------------------------------
-
-_random_lock = threading.Lock()
-_random_state = None    # the generator state field, made at the first compile that needs it
-_python_draws = 0       # qd.random() calls in Python scope since qd.init
+_thread_limit = 0   # the cpu_max_num_threads in force (0: none, all of Numba's threads)
 
 
-def random_state():
-    """The state of ``qd.random`` in kernels: a uint64 field ``[seed word, launches]``, passed
-    to kernels that call qd.random like any field. Each launch of such a kernel reads its key
-    from it and counts itself (lowering/random.py). ``qd.init`` starts a new one from
-    ``random_seed`` (default 0), so a seed gives the same numbers in every process."""
-    global _random_state
-    with _random_lock:
-        if _random_state is None:
-            import numpy as np
-
-            from .dtypes import u64
-            from .field import Field
-            from .lowering.random import seed_word
-
-            state = Field(u64, shape=(2,), name="qd.random state")
-            state.from_numpy(np.array([seed_word(config.current.random_seed or 0), 0], dtype=np.uint64))
-            _random_state = state
-        return _random_state
-
-
-def python_random(dtype):
-    """``qd.random(dtype)`` in Python scope: the same generator, on its own stream, one number
-    per call (the n-th call since ``qd.init`` is index n)."""
-    global _python_draws
-    from .lowering.random import PYTHON_STREAM, host_launch_key, host_random
-
-    with _random_lock:
-        index, _python_draws = _python_draws, _python_draws + 1
-    key = host_launch_key(config.current.random_seed or 0, 0)
-    return host_random(key, index, PYTHON_STREAM, 0, dtype).item()
-
-
-def _reset_random() -> None:
-    global _random_state, _python_draws
-    with _random_lock:
-        _random_state, _python_draws = None, 0
+def _apply_thread_limit(limit: int) -> None:
+    """Limit the threads of parallel tasks to ``limit``, or lift an earlier limit (0): the
+    option lasts until the next ``qd.init``, as every other option does."""
+    global _thread_limit
+    if limit == _thread_limit:
+        return
+    numba.set_num_threads(min(limit, numba.config.NUMBA_NUM_THREADS) if limit else numba.config.NUMBA_NUM_THREADS)
+    _thread_limit = limit
 
 
 def sync() -> None:
     """Wait for every launched kernel (CPU kernels finish before they return)."""
-    from .targets.base import target_for
-
     target_for(config.current.arch).synchronize()
 
 

@@ -38,7 +38,7 @@ def make_fill_int():
 def test_all_errors_are_quadrants_errors():
     for exc in (qd.QuadrantsTypeError, qd.QuadrantsSyntaxError, qd.QuadrantsIndexError,
                 qd.QuadrantsRuntimeError, qd.QuadrantsNameError,
-                qd.QuadrantsCompilationError, qd.QuadrantsAssertionError):
+                qd.QuadrantsCompilationError, qd.QuadrantsAssertionError, qd.QuadrantsConfigError):
         assert issubclass(exc, qd.QuadrantsError)
     assert issubclass(qd.QuadrantsTypeError, TypeError)
     assert issubclass(qd.QuadrantsSyntaxError, SyntaxError)

@@ -187,7 +187,7 @@ def test_thread_count_does_not_change_the_numbers(seeded, arch):
             a, b, c = np.zeros((333, 7), np.float32), np.zeros((333, 7)), np.zeros((333, 7, 2), np.int32)
             per_iteration(a, b, c)
             results.append((a, b, c))
-    finally:  # a later qd.init without cpu_max_num_threads keeps the last limit
+    finally:  # all cores again for the tests after this one
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     for x, y in zip(*results):
         np.testing.assert_array_equal(x, y)

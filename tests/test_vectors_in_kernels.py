@@ -421,3 +421,27 @@ def test_vector_returns_and_parameters_on_gpu(on_cuda, rng):
     _check_parameters(rng)
     with pytest.raises(qd.QuadrantsTypeError, match=r"argument 'b': expected a vector\(2, float64\)"):
         affine(np.eye(2), (1.0, 2.0, 3.0), 1.0, (1, 2), np.zeros((1, 2)), np.zeros((1, 2)))
+
+
+def test_row_stores_on_local_matrices(rng):
+    a = rng.standard_normal((64, 3)).astype(np.float32)
+    out = np.zeros((64, 2, 2), np.float32)
+
+    @qd.kernel
+    def update(a: qd.types.ndarray(dtype=qd.f32, ndim=2), out: qd.types.ndarray(dtype=qd.f32, ndim=3)):
+        for i in range(a.shape[0]):
+            m = qd.Matrix([[1.0, 2.0], [3.0, 4.0]])
+            m[0].x = a[i, 0]                     # a component of a row
+            m[1][1] = a[i, 1]                    # an element through the row
+            m[1][0] += a[i, 2]
+            row = m[0]                           # a copy: stores into row leave m alone
+            row.y = 0.0
+            for r in qd.static(range(2)):
+                for c in qd.static(range(2)):
+                    out[i, r, c] = m[r, c] + row[1]
+
+    update(a, out)
+    ref = np.empty((64, 2, 2), np.float32)
+    ref[:, 0, 0], ref[:, 0, 1] = a[:, 0], 2
+    ref[:, 1, 0], ref[:, 1, 1] = 3 + a[:, 2], a[:, 1]
+    np.testing.assert_allclose(out, ref, rtol=1e-6)

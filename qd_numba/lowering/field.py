@@ -26,6 +26,8 @@ from numba.extending import intrinsic, overload, overload_attribute, overload_me
 
 from ..errors import QuadrantsIndexError, QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
+from ..typing.matrix import MatrixType
+from .matrix import matrix_from_tuple, matrix_to_tuple
 from .raising import raise_user_error
 
 # qd op name -> (LLVM op for signed ints, unsigned ints, floats); None: not supported.
@@ -312,23 +314,16 @@ def element_atomic(typingctx, f, idx, value, op):
 
 # -- Python syntax on fields --------------------------------------------------------------
 
-def _matrix_helpers():
-    from . import matrix as m  # vector/matrix values; imported lazily (optional at typing time)
-    return m
-
-
 @overload(operator.getitem)
 def _field_getitem(f, idx):
     if not isinstance(f, FieldType):
         return None
     if _is_matrix(idx):
-        to_tuple = _matrix_helpers().matrix_to_tuple
-        return lambda f, idx: f[to_tuple(idx)]
+        return lambda f, idx: f[matrix_to_tuple(idx)]
     if f.elem_type is None:
         return lambda f, idx: element_load(f, idx)
-    from_tuple = _matrix_helpers().matrix_from_tuple
     elem = f.value_elem_type
-    return lambda f, idx: from_tuple(element_load(f, idx), elem)
+    return lambda f, idx: matrix_from_tuple(element_load(f, idx), elem)
 
 
 @overload(operator.setitem)
@@ -336,14 +331,11 @@ def _field_setitem(f, idx, value):
     if not isinstance(f, FieldType):
         return None
     if _is_matrix(idx):
-        to_tuple = _matrix_helpers().matrix_to_tuple
-
         def store_vector_index(f, idx, value):
-            f[to_tuple(idx)] = value  # the value is converted by the tuple-index overload
+            f[matrix_to_tuple(idx)] = value  # the value is converted by the tuple-index overload
         return store_vector_index
     if _is_matrix(value):
-        to_tuple = _matrix_helpers().matrix_to_tuple
-        return lambda f, idx, value: element_store(f, idx, to_tuple(value))
+        return lambda f, idx, value: element_store(f, idx, matrix_to_tuple(value))
     return lambda f, idx, value: element_store(f, idx, value)
 
 
@@ -377,4 +369,4 @@ def _incref(context, builder, ty, val):
 
 
 def _is_matrix(ty):
-    return type(ty).__name__ == "MatrixType"
+    return isinstance(ty, MatrixType)

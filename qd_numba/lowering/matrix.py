@@ -5,11 +5,12 @@ Responsibilities:
 * The data model: a ``MatrixType`` value is an LLVM array ``[n*m x dtype]`` (row-major), exactly
   the layout of ``UniTuple(dtype, n*m)``; values are immutable and live in registers.
 * Lowering of constructors, operators, indexing (constant and runtime indices), attributes,
-  methods, casts between element dtypes, constants (``lower_constant``) and ``box``/``unbox``.
+  casts between element dtypes, constants (``lower_constant``) and ``box``/``unbox``; the
+  methods are rows of ``qd_numba/ops/matrix_methods.py``.
 * Public intrinsics other compiler code calls from compiled code: :func:`matrix_from_tuple`,
   :func:`make_vector`, :func:`make_matrix`, :func:`matrix_to_tuple`, :func:`matrix_with_item`.
-* Scalar helpers (:func:`elements`, :func:`pack`, :func:`scalar_binop`, :func:`cast_all`) reused by
-  ``qd_numba/math.py``.
+* Scalar helpers (:func:`elements`, :func:`pack`, :func:`scalar_binop`, :func:`cast_all`,
+  :func:`dot_product` ...) reused by ``qd_numba/math.py`` and the op tables in ``qd_numba/ops/``.
 
 Every element operation is emitted directly as LLVM through the target context's own scalar
 implementations (``context.get_function(operator.add, sig)`` ...), unrolled over the ``n*m``
@@ -48,11 +49,9 @@ from ..typing.matrix import (
     MatrixClassType,
     MatrixType,
     MatrixTypeRef,
-    _arith,
     binop_dtypes,
     binop_result_dtype,
     construct_type,
-    default_float,
     getitem_type,
     is_scalar,
     type_call_check,
@@ -246,7 +245,8 @@ for _op in UNARY_OPS:
     lower_builtin(_op, MatrixType)(_make_unary_impl(_op))
 
 
-def _dot(context, builder, dtype, a_vals, b_vals):
+def dot_product(context, builder, dtype, a_vals, b_vals):
+    """``sum(a * b)`` of two lists of element values of ``dtype``."""
     acc = None
     for a, b in zip(a_vals, b_vals, strict=True):
         p = scalar_binop(context, builder, operator.mul, dtype, a, b)
@@ -263,7 +263,7 @@ def _lower_matmul(context, builder, sig, args):
     b = cast_all(context, builder, elements(builder, args[1], bt), bt.dtype, dtype)
     a_rows = [a] if at.ndim == 1 else [a[i * at.m:(i + 1) * at.m] for i in range(at.n)]
     b_cols = [b] if bt.ndim == 1 else [b[j::bt.m] for j in range(bt.m)]
-    out = [_dot(context, builder, dtype, row, col) for row in a_rows for col in b_cols]
+    out = [dot_product(context, builder, dtype, row, col) for row in a_rows for col in b_cols]
     if not isinstance(rt, MatrixType):
         return out[0]
     return pack(context, builder, rt, out)
@@ -443,7 +443,7 @@ def matrix_to_tuple(typingctx, m):
 
 
 # ---------------------------------------------------------------------------------------------
-# attributes and methods
+# attributes (the methods are a table: qd_numba/ops/matrix_methods.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -462,145 +462,6 @@ def _lower_setattr(context, builder, sig, args, attr):
     raise errors.TypingError(f"cannot assign '{attr}' of a {sig.args[0]}: vector/matrix values are immutable "
                              "outside kernels and qd.func (use matrix_with_item), and only components "
                              f"({', '.join(SWIZZLE)}) can be assigned")
-
-
-def _reduce(context, builder, op, dtype, vals):
-    acc = vals[0]
-    for v in vals[1:]:
-        acc = scalar_binop(context, builder, op, dtype, acc, v)
-    return acc
-
-
-def _determinant(context, builder, dtype, rows):
-    n = len(rows)
-    if n == 1:
-        return rows[0][0]
-    if n == 2:
-        a = scalar_binop(context, builder, operator.mul, dtype, rows[0][0], rows[1][1])
-        b = scalar_binop(context, builder, operator.mul, dtype, rows[0][1], rows[1][0])
-        return scalar_binop(context, builder, operator.sub, dtype, a, b)
-    acc = None
-    for j in range(n):
-        minor = [r[:j] + r[j + 1:] for r in rows[1:]]
-        term = scalar_binop(context, builder, operator.mul, dtype, rows[0][j],
-                            _determinant(context, builder, dtype, minor))
-        if acc is None:
-            acc = term
-        else:
-            acc = scalar_binop(context, builder, operator.sub if j % 2 else operator.add, dtype, acc, term)
-    return acc
-
-
-def _method_norm_sqr(context, builder, mt, vals, rt, extra):
-    dtype = _arith(mt.dtype)
-    vals = cast_all(context, builder, vals, mt.dtype, dtype)
-    return _dot(context, builder, dtype, vals, vals)
-
-
-def _norm(context, builder, mt, vals, extra):
-    ft = default_float(mt.dtype)
-    vals = cast_all(context, builder, vals, mt.dtype, ft)
-    sq = _dot(context, builder, ft, vals, vals)
-    if extra:
-        eps = context.cast(builder, extra[0][1], extra[0][0], ft)
-        sq = scalar_binop(context, builder, operator.add, ft, sq, eps)
-    return ft, vals, scalar_sqrt(context, builder, ft, sq)
-
-
-def _method_norm(context, builder, mt, vals, rt, extra):
-    return _norm(context, builder, mt, vals, extra)[2]
-
-
-def _method_normalized(context, builder, mt, vals, rt, extra):
-    ft, fvals, length = _norm(context, builder, mt, vals, extra)
-    inv = scalar_binop(context, builder, operator.truediv, ft, context.get_constant(ft, 1.0), length)
-    return pack(context, builder, rt, [scalar_binop(context, builder, operator.mul, ft, v, inv)
-                                       for v in fvals])
-
-
-def _other(context, builder, extra, dtype):
-    ty, val = extra[0]
-    return cast_all(context, builder, elements(builder, val, ty), ty.dtype, dtype)
-
-
-def _method_dot(context, builder, mt, vals, rt, extra):
-    vals = cast_all(context, builder, vals, mt.dtype, rt)
-    return _dot(context, builder, rt, vals, _other(context, builder, extra, rt))
-
-
-def _method_cross(context, builder, mt, vals, rt, extra):
-    dtype = rt.dtype if isinstance(rt, MatrixType) else rt
-    a = cast_all(context, builder, vals, mt.dtype, dtype)
-    b = _other(context, builder, extra, dtype)
-
-    def cross2(i, j):
-        x = scalar_binop(context, builder, operator.mul, dtype, a[i], b[j])
-        y = scalar_binop(context, builder, operator.mul, dtype, a[j], b[i])
-        return scalar_binop(context, builder, operator.sub, dtype, x, y)
-
-    if mt.n == 2:
-        return cross2(0, 1)
-    return pack(context, builder, rt, [cross2(1, 2), cross2(2, 0), cross2(0, 1)])
-
-
-def _method_outer_product(context, builder, mt, vals, rt, extra):
-    a = cast_all(context, builder, vals, mt.dtype, rt.dtype)
-    b = _other(context, builder, extra, rt.dtype)
-    return pack(context, builder, rt, [scalar_binop(context, builder, operator.mul, rt.dtype, x, y)
-                                       for x in a for y in b])
-
-
-def _method_transpose(context, builder, mt, vals, rt, extra):
-    return pack(context, builder, rt, [vals[i * mt.m + j] for j in range(mt.m) for i in range(mt.n)])
-
-
-def _method_sum(context, builder, mt, vals, rt, extra):
-    return _reduce(context, builder, operator.add, rt, cast_all(context, builder, vals, mt.dtype, rt))
-
-
-def _method_max(context, builder, mt, vals, rt, extra):
-    acc = vals[0]
-    for v in vals[1:]:
-        acc = scalar_select(context, builder, operator.gt, mt.dtype, acc, v)
-    return acc
-
-
-def _method_min(context, builder, mt, vals, rt, extra):
-    acc = vals[0]
-    for v in vals[1:]:
-        acc = scalar_select(context, builder, operator.lt, mt.dtype, acc, v)
-    return acc
-
-
-def _method_trace(context, builder, mt, vals, rt, extra):
-    diag = cast_all(context, builder, [vals[i * mt.m + i] for i in range(mt.n)], mt.dtype, rt)
-    return _reduce(context, builder, operator.add, rt, diag)
-
-
-def _method_determinant(context, builder, mt, vals, rt, extra):
-    vals = cast_all(context, builder, vals, mt.dtype, rt)
-    return _determinant(context, builder, rt, [vals[i * mt.m:(i + 1) * mt.m] for i in range(mt.n)])
-
-
-_METHODS = {
-    "dot": _method_dot, "norm": _method_norm, "norm_sqr": _method_norm_sqr,
-    "normalized": _method_normalized, "cross": _method_cross, "outer_product": _method_outer_product,
-    "transpose": _method_transpose, "sum": _method_sum, "max": _method_max, "min": _method_min,
-    "trace": _method_trace, "determinant": _method_determinant,
-}
-
-
-def _make_method_impl(fn):
-    def impl(context, builder, sig, args):
-        mt = sig.args[0]
-        extra = list(zip(sig.args[1:], args[1:], strict=True))
-        return fn(context, builder, mt, elements(builder, args[0], mt), sig.return_type, extra)
-
-    return impl
-
-
-for _name, _fn in _METHODS.items():
-    lower_builtin(f"matrix.{_name}", MatrixType, types.VarArg(types.Any))(_make_method_impl(_fn))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,19 +487,17 @@ def _unbox_matrix(typ, obj, c):
 
 @box(MatrixType)
 def _box_matrix(typ, val, c):
-    from ..matrix import from_flat_tuple
-
     tup = c.box(types.UniTuple(typ.dtype, typ.count), val)
-    fn = c.pyapi.unserialize(c.pyapi.serialize_object(from_flat_tuple))
     typ_obj = c.pyapi.unserialize(c.pyapi.serialize_object(typ))
-    res = c.pyapi.call_function_objargs(fn, [tup, typ_obj])
+    from_elements = c.pyapi.object_getattr_string(typ_obj, "from_elements")
+    res = c.pyapi.call_function_objargs(from_elements, [tup])
     c.pyapi.decref(tup)
-    c.pyapi.decref(fn)
+    c.pyapi.decref(from_elements)
     c.pyapi.decref(typ_obj)
     return res
 
 
 __all__ = [
-    "MatrixModel", "elements", "pack", "cast_all", "scalar_binop", "scalar_select", "scalar_sqrt",
+    "MatrixModel", "elements", "pack", "cast_all", "scalar_binop", "scalar_select", "scalar_sqrt", "dot_product",
     "matrix_from_tuple", "make_vector", "make_matrix", "matrix_to_tuple", "matrix_with_item",
 ]

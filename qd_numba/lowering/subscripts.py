@@ -12,9 +12,11 @@ import operator
 from numba.core import types
 from numba.extending import overload
 
-from .. import config
+from .. import math as qd_math
 from ..typing.field import FieldType
+from ..typing.matrix import MatrixType
 from .field import element_atomic, element_store
+from .matrix import matrix_from_tuple, matrix_to_tuple, matrix_with_item
 
 __all__ = ["element_atomic", "atomic_update", "nested_atomic", "subscript_store", "write_back", "apply_op",
            "true_divide", "as_index_tuple"]
@@ -45,7 +47,7 @@ def apply_op(a, b, op):
     _compiled_only()
 
 
-def true_divide(a, b):
+def true_divide(a, b, default_fp):
     _compiled_only()
 
 
@@ -62,10 +64,7 @@ def index_vector(idx):
 def _index_vector(idx):
     if not isinstance(idx, types.BaseTuple):
         return None
-    from .. import matrix as qd_matrix
-    from .matrix import matrix_from_tuple
-
-    vec = qd_matrix.vector(len(idx), types.int32)
+    vec = MatrixType(types.int32, len(idx), 1, 1)
 
     def impl(idx):
         return matrix_from_tuple(idx, vec)
@@ -73,7 +72,7 @@ def _index_vector(idx):
 
 
 def _is_matrix(ty):
-    return type(ty).__name__ == "MatrixType"
+    return isinstance(ty, MatrixType)
 
 
 def _is_data(ty):
@@ -89,7 +88,6 @@ def _as_index_tuple(i):
     if isinstance(i, types.NoneType):
         return lambda i: ()
     if _is_matrix(i):
-        from .matrix import matrix_to_tuple
         return lambda i: matrix_to_tuple(i)
     return None
 
@@ -99,8 +97,6 @@ def _atomic_update(base, index, value, op):
     if not _is_data(base):
         return None
     if _is_matrix(value) and _layout_has_elements(base):
-        from .matrix import matrix_to_tuple
-
         def impl_vec(base, index, value, op):
             return element_atomic(base, as_index_tuple(index), matrix_to_tuple(value), op)
         return impl_vec
@@ -128,7 +124,6 @@ def _nested_atomic(base, outer_index, inner_index, value, op):
 @overload(subscript_store, prefer_literal=True)
 def _subscript_store(target, index, value):
     if _is_matrix(target):
-        from .matrix import matrix_with_item
         if isinstance(index, types.IntegerLiteral):  # v[2] = x, v.z = x: a constant index, checked
             k = index.literal_value
             return lambda target, index, value: matrix_with_item(target, k, value)
@@ -173,7 +168,6 @@ def _apply_op(a, b, op):
         return None
     fn = _OPS[op.literal_value]
     if op.literal_value in ("min", "max") and _is_matrix(a):
-        from .. import math as qd_math
         fn = qd_math.min if op.literal_value == "min" else qd_math.max
     from numba import njit
 
@@ -182,11 +176,12 @@ def _apply_op(a, b, op):
 
 
 @overload(true_divide)
-def _true_divide(a, b):
+def _true_divide(a, b, default_fp):
+    """``a / b``; two integers divide in ``default_fp`` (a type constant of the compile's config)."""
     if isinstance(a, types.Integer) and isinstance(b, types.Integer):
-        fp = config.current.default_fp
-        return lambda a, b: fp(a) / fp(b)
-    return lambda a, b: a / b
+        fp = default_fp.instance_type
+        return lambda a, b, default_fp: fp(a) / fp(b)
+    return lambda a, b, default_fp: a / b
 
 
 _ = element_store  # re-exported for the passes
@@ -200,7 +195,6 @@ def _int_vector(ty):
 def _array_getitem_vector(arr, idx):
     """``a[I]`` for an ndarray and an integer vector index (``for I in qd.grouped(a)``)."""
     if isinstance(arr, types.Array) and _int_vector(idx) and idx.n == arr.ndim:
-        from .matrix import matrix_to_tuple
         return lambda arr, idx: arr[matrix_to_tuple(idx)]
     return None
 
@@ -208,8 +202,6 @@ def _array_getitem_vector(arr, idx):
 @overload(operator.setitem)
 def _array_setitem_vector(arr, idx, value):
     if isinstance(arr, types.Array) and _int_vector(idx) and idx.n == arr.ndim:
-        from .matrix import matrix_to_tuple
-
         def store(arr, idx, value):
             arr[matrix_to_tuple(idx)] = value
         return store

@@ -11,11 +11,12 @@ a field or an ndarray argument, ``L`` a local value):
 ``L[I] = V`` (local vector/matrix)          ``L = subscript_store(L, I, V)``: value update
 ``L.x = V`` (component xyzw, rgba, stpq)    as ``L[0] = V``; ``L.x`` is ``L[0]`` in all of these
 ``G[I][J] = V``                             ``T = G[I]; T[J] = V; G[I] = T`` (value types)
+``L[I][J] = V``, ``L[I].x = V`` (local)     ``T = L[I]; T[J] = V; L = subscript_store(L, I, T)``
 ``qd.atomic_<op>(G[I], V)``                 ``atomic_update(G, I, V, op)``: returns old
 ``qd.atomic_<op>(G[I][J], V)``              ``nested_atomic(G, I, J, V, op)``: returns old
 ``qd.atomic_<op>(L[I], V)``                 ``old = L[I]; L = subscript_store(L, I, L[I] op V)``
 ``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
-``a / b``                                   ``true_divide(a, b)``: ints give ``default_fp``
+``a / b``                                   ``true_divide(a, b, default_fp)``: ints give ``default_fp``
 ==========================================  =============================================
 
 Other ``op=`` (``*=``, ``/=`` ...) stay plain read-modify-writes, as in Quadrants.
@@ -140,7 +141,11 @@ def _match_local_store(state, stmt):
     if m is None:
         return None
     outer = _subscript(state, m["target"])
-    return {**m, "outer": outer if outer is not None and is_global_data(state, outer.base) else None}
+    if outer is not None and is_global_data(state, outer.base):
+        return {**m, "outer": outer}
+    # L[I][J] = V, L[I].x = V: the row is a temporary, written back into the local L
+    row_of = outer if outer is not None and state.is_temp(m["target"]) else None
+    return {**m, "outer": None, "row_of": row_of}
 
 
 def _atomic_call(state, stmt):
@@ -187,7 +192,8 @@ def _match_true_divide(state, stmt):
     ir = state.ir
     if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "binop" \
             and stmt.value.fn is operator.truediv:
-        return {"target": stmt.target, "lhs": stmt.value.lhs, "rhs": stmt.value.rhs}
+        return {"target": stmt.target, "lhs": stmt.value.lhs, "rhs": stmt.value.rhs,
+                "default_fp": state.config.default_fp}
     return None
 
 
@@ -217,6 +223,9 @@ def _value_update(e, m):
     e.call(impl.subscript_store, [target, index, m["value"]], target)
     if m["outer"] is not None:
         e.call(impl.write_back, [m["outer"].base, e.index(m["outer"]), target], e.var("$qd_wb"))
+    elif m["row_of"] is not None:
+        local = m["row_of"].base
+        e.call(impl.subscript_store, [local, e.index(m["row_of"]), target], local)
 
 
 def _atomic_local_element(e, m):
@@ -235,7 +244,8 @@ def _atomic_local(e, m):
 
 
 def _true_divide(e, m):
-    e.call(impl.true_divide, [m["lhs"], m["rhs"]], m["target"])
+    # default_fp as an argument: Numba caches an overload per argument types, not per qd.init
+    e.call(impl.true_divide, [m["lhs"], m["rhs"], e.const(m["default_fp"])], m["target"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +259,7 @@ PATTERNS = (
     Pattern("G[I] op= V", _match_aug_global, _atomic_update),
     Pattern("G[I][J] op= V", _match_aug_nested, _nested_atomic),
     Pattern("G[I] = V", _match_global_store, _keep),
-    Pattern("L[I] = V, G[I][J] = V", _match_local_store, _value_update),
+    Pattern("L[I] = V, L[I][J] = V, G[I][J] = V", _match_local_store, _value_update),
     Pattern("qd.atomic_<op>(G[I], V)", _match_atomic_global, _atomic_update),
     Pattern("qd.atomic_<op>(G[I][J], V)", _match_atomic_nested, _nested_atomic),
     Pattern("qd.atomic_<op>(L[I], V)", _match_atomic_local_element, _atomic_local_element),

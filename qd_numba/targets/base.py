@@ -56,6 +56,10 @@ class Target:
     def synchronize(self) -> None:
         """Wait for all work this target has started (``qd.sync()``)."""
 
+    def open(self) -> None:
+        """``qd.init`` chose this target: check that it can run here and make its device ready,
+        so that a missing device is an error of ``qd.init`` (QuadrantsRuntimeError)."""
+
 
 def target_for(arch: str) -> Target:
     """The target of ``arch`` (made once per process)."""

@@ -25,6 +25,8 @@ Responsibilities:
     comparisons give ``i32`` (0 or 1).
   - Math functions on integers compute in ``f32``, except
     ``abs floor ceil round min max clamp`` which keep the integer type.
+  - Methods (``v.dot(w)``, ``m.inverse()`` ...): each row of ``qd_numba/ops/matrix_methods.py``
+    states its result type with these helpers.
 
 * The literal-list rewrite: ``qd.Vector([a, b])`` would otherwise build a heap list (unusable on
   GPU); a before-inference rewrite turns literal list arguments of ``qd.Vector``/``qd.Matrix``/
@@ -44,7 +46,6 @@ from numba.core.rewrites import Rewrite, register_rewrite
 from numba.core.typing.templates import (
     AbstractTemplate,
     AttributeTemplate,
-    bound_function,
     infer_getattr,
     infer_global,
     make_callable_template,
@@ -87,13 +88,20 @@ class MatrixType(types.Type):
     def with_dtype(self, dtype) -> MatrixType:
         return MatrixType(dtype, self.n, self.m, self.ndim)
 
+    # The class of these values in Python scope (qd.Matrix). It lives above typing, in
+    # qd_numba/matrix.py, which sets this when it defines the class.
+    python_class: type | None = None
+
     def __call__(self, *args):
         # ``vec3(f32, f32)`` stays a Numba signature; ``vec3(1, 2, 3)`` builds a python vector.
         if args and all(isinstance(a, types.Type) for a in args):
             return signature(self, *args)
-        from ..matrix import construct_from_type
+        return self.python_class.of_type(self, args)
 
-        return construct_from_type(self, args)
+    def from_elements(self, values: tuple):
+        """The Python-scope value of this type with these elements, row-major (boxing, and the
+        return value of a CUDA kernel)."""
+        return self.python_class.from_elements(self, values)
 
     def unify(self, typingctx, other):
         if isinstance(other, MatrixType) and other.shape == self.shape:
@@ -138,7 +146,8 @@ MatrixClass = MatrixClassType("Matrix")
 # ---------------------------------------------------------------------------------------------
 
 
-def _arith(t: types.Type) -> types.Type:
+def arith_dtype(t: types.Type) -> types.Type:
+    """The dtype arithmetic on ``t`` computes in: bools count as i32."""
     t = types.unliteral(t)
     return i32 if isinstance(t, types.Boolean) else t
 
@@ -149,7 +158,7 @@ def is_scalar(t) -> bool:
 
 def promote(a: types.Type, b: types.Type) -> types.Type:
     """Operand dtype of two matrix element types (see the module docstring)."""
-    a, b = _arith(a), _arith(b)
+    a, b = arith_dtype(a), arith_dtype(b)
     if a == b:
         return a
     fa, fb = isinstance(a, types.Float), isinstance(b, types.Float)
@@ -164,7 +173,7 @@ def promote(a: types.Type, b: types.Type) -> types.Type:
 
 def broadcast_dtype(mat_dtype: types.Type, scalar: types.Type) -> types.Type:
     """Operand dtype of a matrix with dtype ``mat_dtype`` and a scalar of type ``scalar``."""
-    mat_dtype, scalar = _arith(mat_dtype), _arith(scalar)
+    mat_dtype, scalar = arith_dtype(mat_dtype), arith_dtype(scalar)
     if isinstance(scalar, types.Float) and isinstance(mat_dtype, types.Integer):
         return scalar
     return mat_dtype
@@ -173,7 +182,7 @@ def broadcast_dtype(mat_dtype: types.Type, scalar: types.Type) -> types.Type:
 def default_float(t: types.Type) -> types.Type:
     """The float type math on ``t`` computes in: floats keep their type, integers and bools use
     f32 (Quadrants' default float; Numba's int64 loop indices would otherwise force f64)."""
-    t = _arith(t)
+    t = arith_dtype(t)
     return t if isinstance(t, types.Float) else f32
 
 
@@ -216,7 +225,7 @@ def binop_dtypes(op, a: types.Type, b: types.Type):
     if isinstance(a, MatrixType) and isinstance(b, MatrixType):
         if a.shape != b.shape or a.ndim != b.ndim:
             raise errors.TypingError(
-                f"shape mismatch in '{_op_symbol(op)}': {_shape_str(a)} and {_shape_str(b)}"
+                f"shape mismatch in '{_op_symbol(op)}': {shape_str(a)} and {shape_str(b)}"
             )
         operand, shape_of = promote(a.dtype, b.dtype), a
     elif isinstance(a, MatrixType) and is_scalar(b):
@@ -228,7 +237,8 @@ def binop_dtypes(op, a: types.Type, b: types.Type):
     return operand, shape_of.with_dtype(binop_result_dtype(op, operand))
 
 
-def _shape_str(t: MatrixType) -> str:
+def shape_str(t: MatrixType) -> str:
+    """``vector(3, float32) of shape (3,)``: a type and its shape, for error messages."""
     shape = f"({t.n},)" if t.ndim == 1 else f"({t.n}, {t.m})"
     return f"{t} of shape {shape}"
 
@@ -252,7 +262,7 @@ def matmul_type(a: MatrixType, b: MatrixType):
     kb = b.n
     if ka != kb:
         raise errors.TypingError(
-            f"shape mismatch in '@': {_shape_str(a)} and {_shape_str(b)} (inner sizes {ka} != {kb})"
+            f"shape mismatch in '@': {shape_str(a)} and {shape_str(b)} (inner sizes {ka} != {kb})"
         )
     dtype = promote(a.dtype, b.dtype)
     if a.ndim == 1 and b.ndim == 1:
@@ -468,7 +478,7 @@ def _register_unary(op):
 
         def generic(self, args, kws):
             if len(args) == 1 and isinstance(args[0], MatrixType):
-                return signature(args[0].with_dtype(_arith(args[0].dtype)), *args)
+                return signature(args[0].with_dtype(arith_dtype(args[0].dtype)), *args)
             return None
 
     infer_global(op)(Unary)
@@ -519,95 +529,11 @@ class MatrixSetItem(AbstractTemplate):
 
 
 # ---------------------------------------------------------------------------------------------
-# typing templates: attributes and methods
+# typing templates: attributes (the methods are a table: qd_numba/ops/matrix_methods.py)
 # ---------------------------------------------------------------------------------------------
 
 # component names of a vector, as in Quadrants (GLSL): v.x / v.r / v.s is v[0], ...
 SWIZZLE = {name: k for group in ("xyzw", "rgba", "stpq") for k, name in enumerate(group)}
-
-
-def _need_vector(mt, name):
-    if mt.ndim != 1:
-        raise errors.TypingError(f"{name}() needs a vector, got {mt}")
-
-
-def _need_square(mt, name):
-    if mt.ndim != 2 or mt.n != mt.m:
-        raise errors.TypingError(f"{name}() needs a square matrix, got {mt}")
-
-
-def _same_shape(mt, other, name):
-    if not isinstance(other, MatrixType) or other.shape != mt.shape:
-        other_s = _shape_str(other) if isinstance(other, MatrixType) else str(other)
-        raise errors.TypingError(f"shape mismatch in {name}(): {_shape_str(mt)} and {other_s}")
-
-
-def method_type(mt: MatrixType, name: str, args):
-    """Result type of ``mt.name(*args)``."""
-    if name in ("dot",):
-        (other,) = args
-        _same_shape(mt, other, name)
-        return promote(mt.dtype, other.dtype)
-    if name == "norm_sqr":
-        return _arith(mt.dtype)
-    if name in ("norm", "normalized"):
-        ft = default_float(mt.dtype)
-        return ft if name == "norm" else mt.with_dtype(ft)
-    if name == "cross":
-        (other,) = args
-        _need_vector(mt, name)
-        _same_shape(mt, other, name)
-        dtype = promote(mt.dtype, other.dtype)
-        if mt.n == 3:
-            return mt.with_dtype(dtype)
-        if mt.n == 2:
-            return dtype
-        raise errors.TypingError(f"cross() needs 2- or 3-vectors, got {mt}")
-    if name == "outer_product":
-        (other,) = args
-        _need_vector(mt, name)
-        if not (isinstance(other, MatrixType) and other.ndim == 1):
-            raise errors.TypingError(f"outer_product() needs a vector argument, got {other}")
-        return MatrixType(promote(mt.dtype, other.dtype), mt.n, other.n, 2)
-    if name == "transpose":
-        if mt.ndim != 2:
-            raise errors.TypingError(f"transpose() needs a matrix, got {mt}")
-        return MatrixType(mt.dtype, mt.m, mt.n, 2)
-    if name in ("sum",):
-        return _arith(mt.dtype)
-    if name in ("max", "min"):
-        return mt.dtype
-    if name == "trace":
-        _need_square(mt, name)
-        return _arith(mt.dtype)
-    if name == "determinant":
-        _need_square(mt, name)
-        if mt.n > 4:
-            raise errors.TypingError(f"determinant() supports n <= 4, got {mt}")
-        return _arith(mt.dtype)
-    raise errors.TypingError(f"unknown method {name}")
-
-
-METHOD_ARITY = {
-    "dot": (1, 1), "norm": (0, 1), "norm_sqr": (0, 0), "normalized": (0, 1), "cross": (1, 1),
-    "outer_product": (1, 1), "transpose": (0, 0), "sum": (0, 0), "max": (0, 0), "min": (0, 0),
-    "trace": (0, 0), "determinant": (0, 0),
-}
-
-
-def _make_method_resolver(name):
-    lo, hi = METHOD_ARITY[name]
-
-    @bound_function(f"matrix.{name}")
-    def resolve(self, mt, args, kws):
-        if kws or not lo <= len(args) <= hi:
-            raise errors.TypingError(f"{name}() takes {lo}..{hi} positional arguments, got {args}")
-        extra = [types.unliteral(a) for a in args]
-        if name in ("norm", "normalized") and args and not is_scalar(args[0]):
-            raise errors.TypingError(f"{name}(eps) needs a scalar eps, got {args[0]}")
-        return signature(method_type(mt, name, extra), *extra)
-
-    return resolve
 
 
 @infer_getattr
@@ -642,10 +568,6 @@ class MatrixAttribute(AttributeTemplate):
 
             fnty = _FUNCTION_TYPES[mt] = types.Function(TypeCall)
         return fnty
-
-
-for _name in METHOD_ARITY:
-    setattr(MatrixAttribute, f"resolve_{_name}", _make_method_resolver(_name))
 
 
 # ---------------------------------------------------------------------------------------------

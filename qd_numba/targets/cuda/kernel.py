@@ -15,13 +15,14 @@ import threading
 from numba.core import types
 
 from ... import config, profiler
-from ...errors import QuadrantsTypeError
+from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
 from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
 from ..base import KernelBackend, Target
 from .arrays import array_view
+from .compile import cuda_available
 from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types
 from .runtime import CudaRuntime, ensure_device
 
@@ -38,6 +39,12 @@ class CudaTarget(Target):
 
     def synchronize(self) -> None:
         CudaRuntime.get().cuda.synchronize()
+
+    def open(self) -> None:
+        if not cuda_available():
+            raise QuadrantsRuntimeError("qd.init(arch=cuda): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
+                                        "`pip install qd_numba[cuda]`); use qd.cpu")
+        CudaRuntime.get()
 
 
 class CudaKernel(KernelBackend):

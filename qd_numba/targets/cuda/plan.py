@@ -193,12 +193,11 @@ def return_slot(ty) -> tuple[np.dtype, int]:
 def read_return(raw: np.ndarray, dt: np.dtype, return_type):
     """The value a kernel returns from the bytes of its return slot (elements of dtype ``dt``):
     a Python scalar, or a qd.Vector/qd.Matrix of the annotated type, as on the CPU."""
-    from ...matrix import from_flat_tuple
     from ...typing.matrix import MatrixType
 
     values = raw.view(dt)
     if isinstance(return_type, MatrixType):
-        return from_flat_tuple(tuple(values[:return_type.count].tolist()), return_type)
+        return return_type.from_elements(tuple(values[:return_type.count].tolist()))
     result = values[0].item()
     if isinstance(return_type, types.Integer):
         return int(result)

@@ -68,12 +68,8 @@ class CompileState:
     kernel_qualname: str = ""       # '<module>.<qualname>': names tasks (stable across processes)
     returns_value: bool = False     # the kernel's annotation promises a return value
     task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
-<<<<<<< HEAD
-    random_state: object = None     # () -> the runtime's qd.random state field (runtime.random_state)
-    autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)
-=======
     random_state: object = None     # () -> qd.random's state field (random_state.state_field)
->>>>>>> c6
+    autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)
 
     @property
     def ir(self):

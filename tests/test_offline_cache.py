@@ -67,6 +67,7 @@ def run_scale(ns, rng, a=2.0):
 def fresh_process():
     """What a new process sees: nothing loaded; the kernels recompile or load from disk."""
     offline_cache._loaded.clear()
+    offline_cache.stats.__init__()
     qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=config.current.offline_cache_file_path)
 
 
@@ -385,3 +386,42 @@ def test_the_knobs_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("QD_OFFLINE_CACHE", "0")
     monkeypatch.delenv("QD_OFFLINE_CACHE_CLEANING_POLICY")
     assert not offline_cache.enabled(config.config_from_env())
+
+
+def test_template_fields_and_objects_rebind_to_the_call_arguments(cache_dir, rng):
+    ns = define("""
+    class Particles:
+        def __init__(self, n):
+            self.pos = qd.field(qd.f32, shape=n)
+            self.vel = qd.field(qd.f32, shape=n)
+
+    @qd.kernel
+    def step(p: qd.template(), out: qd.template(), dt: qd.f32):
+        for i in p.pos:
+            out[i] = p.pos[i] + p.vel[i] * dt
+    """)
+    systems = [ns["Particles"](40) for _ in range(2)]
+    outs = [qd.field(qd.f32, shape=40) for _ in range(2)]
+
+    def check(compiles):
+        for p, out in zip(systems, outs):
+            pos, vel = rng.random(40).astype(np.float32), rng.random(40).astype(np.float32)
+            p.pos.from_numpy(pos)
+            p.vel.from_numpy(vel)
+            ns["step"](p, out, 0.5)
+            np.testing.assert_allclose(out.to_numpy(), pos + vel * 0.5, rtol=1e-6)
+        assert ns["step"].compile_count == compiles
+
+    check(compiles=1)    # both calls: one entry (same layouts), each bound to its own fields
+    assert len(entries(cache_dir)) == 1
+    fresh_process()
+    check(compiles=1)
+    assert offline_cache.stats.hits == 2
+
+
+def test_an_njit_callee_kernel_hits_and_computes_the_same(cache_dir, rng):
+    ns = define(SOURCE.replace("@qd.func", "@numba.njit"))
+    run_scale(ns, rng)
+    fresh_process()
+    run_scale(ns, rng, a=0.25)
+    assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1

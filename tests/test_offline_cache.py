@@ -425,3 +425,24 @@ def test_an_njit_callee_kernel_hits_and_computes_the_same(cache_dir, rng):
     fresh_process()
     run_scale(ns, rng, a=0.25)
     assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1
+
+
+def test_a_cached_debug_kernel_still_raises_out_of_bounds_and_returns_values(cache_dir, rng):
+    qd.init(arch=qd.cpu, debug=True, offline_cache=True, offline_cache_file_path=str(cache_dir))
+    ns = define("""
+    @qd.kernel
+    def total(n: qd.i32) -> qd.f32:
+        for i in range(n):
+            y[i] = x[i] * 2.0
+        return y[0] + y[n - 1]
+    """)
+    data = rng.random(64).astype(np.float32)
+    ns["x"].from_numpy(data)
+    assert ns["total"](64) == pytest.approx(2 * (data[0] + data[63]), rel=1e-5)
+    offline_cache._loaded.clear()
+    offline_cache.stats.__init__()
+    qd.init(arch=qd.cpu, debug=True, offline_cache=True, offline_cache_file_path=str(cache_dir))
+    assert ns["total"](10) == pytest.approx(2 * (data[0] + data[9]), rel=1e-5)
+    assert offline_cache.stats.hits == 1 and ns["total"].compile_count == 1
+    with pytest.raises(qd.QuadrantsRuntimeError, match="total"):
+        ns["total"](65)

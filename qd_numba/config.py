@@ -32,6 +32,19 @@ def env_flag(name: str, default: bool = False) -> bool:
     raise QuadrantsConfigError(f"{name}={raw!r}: expected one of 1/on/true/yes or 0/off/false/no")
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise QuadrantsConfigError(f"{name}={raw!r}: expected a number") from None
+
+
+CLEANING_POLICIES = ("lru", "fifo", "version", "never")   # offline_cache_cleaning_policy, as Quadrants
+
+
 def env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
@@ -73,6 +86,11 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
+    offline_cache: bool = True          # QD_OFFLINE_CACHE: reuse compiled kernels across processes (offline_cache.py)
+    offline_cache_file_path: str = ""   # QD_OFFLINE_CACHE_FILE_PATH: its directory ("": ~/.cache/qd_numba/qdcache)
+    offline_cache_max_size_of_files: int = 100 * 1024 * 1024   # QD_OFFLINE_CACHE_MAX_SIZE_OF_FILES: bytes
+    offline_cache_cleaning_policy: str = "lru"   # QD_OFFLINE_CACHE_CLEANING_POLICY: lru | fifo | version | never
+    offline_cache_cleaning_factor: float = 0.25  # QD_OFFLINE_CACHE_CLEANING_FACTOR: share removed when over the size
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -99,11 +117,19 @@ def config_from_env(**overrides) -> Config:
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
         kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
         log_level=log_level(level, "QD_LOG_LEVEL") if level else None,
+        offline_cache=env_flag("QD_OFFLINE_CACHE", True),
+        offline_cache_file_path=os.environ.get("QD_OFFLINE_CACHE_FILE_PATH", ""),
+        offline_cache_max_size_of_files=env_int("QD_OFFLINE_CACHE_MAX_SIZE_OF_FILES", 100 * 1024 * 1024),
+        offline_cache_cleaning_policy=os.environ.get("QD_OFFLINE_CACHE_CLEANING_POLICY", "lru").strip().lower(),
+        offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):
             raise QuadrantsConfigError(f"qd.init() got an unknown option {key!r}")
         setattr(cfg, key, log_level(value) if key == "log_level" and value is not None else value)
+    if cfg.offline_cache_cleaning_policy not in CLEANING_POLICIES:
+        raise QuadrantsConfigError(f"offline_cache_cleaning_policy={cfg.offline_cache_cleaning_policy!r}: "
+                                   f"expected one of {', '.join(CLEANING_POLICIES)}")
     return cfg
 
 

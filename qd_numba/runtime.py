@@ -80,7 +80,6 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
-    options.pop("offline_cache", None)
     config.current = config.config_from_env(arch=arch, **overrides, **options)
     for callback in _on_init:
         callback()

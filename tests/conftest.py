@@ -4,7 +4,8 @@
 default) every kernel a test compiles is also compiled for CUDA down to a cubin
 (``cuda_compile_check``, no GPU needed) when numba-cuda is installed, so the CUDA code path —
 our passes, types and lowering — runs on every commit; numerics come from the CPU run.
-The full IR verifier runs after every pass (``QD_VERIFY_EACH_PASS=1``).
+The full IR verifier runs after every pass (``QD_VERIFY_EACH_PASS=1``). The offline cache is
+off (``QD_OFFLINE_CACHE=0``: the suite never writes to the user's cache directory).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("QD_VERIFY_EACH_PASS", "1")  # before qd_numba reads the environment
+# no offline cache in the suite (tests count compiles, and the CUDA compile check runs at a
+# compile); tests/test_offline_cache.py turns it on with a temporary directory
+os.environ.setdefault("QD_OFFLINE_CACHE", "0")
 
 import qd_numba as qd  # noqa: E402
 from qd_numba.targets.cuda.compile import numba_cuda_importable  # noqa: E402

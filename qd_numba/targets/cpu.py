@@ -16,6 +16,7 @@ under ``debug=True``) are caught per chunk and re-raised by the driver after the
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 
 from llvmlite import ir as llir
@@ -128,6 +129,9 @@ def _lower_task_function(context, builder, ty, pyval):
 
 _wrapper_ids = itertools.count()
 _clock_ids = itertools.count()
+# symbol ids of drivers and task functions, unique across processes: the offline cache links
+# libraries compiled by other processes into this one
+_symbol_ids = itertools.count(secrets.randbits(40) << 16)
 
 
 @intrinsic
@@ -361,7 +365,7 @@ def build_task_function(state, lp, task, debug: bool, liveness) -> tuple[TaskFun
     new_blocks = {0: entry, lp.exit: exit_block}
     for lbl in lp.body:
         new_blocks[lbl] = copy_ir(ir, blocks[lbl])
-    task_ir = derive_ir(state, stub, new_blocks, params)
+    task_ir = derive_ir(state, stub, new_blocks, params, stable_id=next(_symbol_ids))
     timed = state.config.kernel_profiler and CLOCK_MONOTONIC is not None
     return TaskFunction(task, task_ir, debug, timed), live
 
@@ -396,7 +400,7 @@ def build_driver(state, debug: bool):
             blocks.pop(lbl, None)
     params = list(state.runtime_params) + [f"__qd_field_{k}" for k in range(len(state.hidden))]
     stub = exec_stub(_identifier(state.kernel_name), params)
-    driver = derive_ir(state, stub, dict(blocks), params)
+    driver = derive_ir(state, stub, dict(blocks), params, stable_id=next(_symbol_ids))
     return driver, task_functions
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from numba import _dispatcher
 from numba.core import types
 
-from .. import config, profiler
+from .. import config, offline_cache, profiler
 from ..errors import QuadrantsError, QuadrantsTypeError
 from ..field import Field, Ndarray
 from ..frontend.args import (
@@ -178,10 +178,20 @@ class CpuKernel(KernelBackend):
 
     # -- compilation ---------------------------------------------------------------------------------
     def compile(self, param_types, templates) -> Instance:
-        with profiler.compiling(self.kernel.qualname, "cpu"):  # compile records and log (profiler.py)
-            return self._compile(param_types, templates)
+        kernel = self.kernel
+        with profiler.compiling(kernel.qualname, "cpu"):  # compile records and log (profiler.py)
+            cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+            place = offline_cache.lookup(kernel, param_types, templates, cfg, "cpu")
+            if place is not None:
+                with profiler.stage("offline cache load"):
+                    loaded = offline_cache.load(place, offline_cache.cpu_rebuild)
+                if loaded is not None:
+                    cres, tasks, hidden_paths = loaded
+                    hidden = tuple(place.arrays[p]._arr for p in hidden_paths)
+                    return Instance(cres.entry_point, hidden, list(tasks), cres, [], None, place.key)
+            return self._compile(param_types, templates, place)
 
-    def _compile(self, param_types, templates) -> Instance:
+    def _compile(self, param_types, templates, place=None) -> Instance:
         kernel = self.kernel
         task_functions = []
         try:
@@ -206,6 +216,10 @@ class CpuKernel(KernelBackend):
         kernel.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
         key = artifact_key(kernel, param_types, templates, state.hidden, cfg, "cpu")
+        hidden_paths = place.hidden_paths(state.hidden) if place is not None else None
+        if hidden_paths is not None:
+            offline_cache.store(place, offline_cache.cpu_payload(cres, state.tasks, hidden_paths),
+                                (cres, list(state.tasks), hidden_paths))
         entry = cres.entry_point
         if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
             entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))

@@ -1,0 +1,477 @@
+"""The offline cache: compiled kernels on disk, reused by later processes (Quadrants' name).
+
+Keys. An entry is named by its *full key*, computed before anything compiles:
+
+* the *fast key* — the kernel's bytecode (:func:`~qd_numba.frontend.keys.code_key`, line
+  numbers left out), its qualified name, argument types, return type, the code-changing
+  configuration (``keys.CODE_CONFIG``), the target (and CUDA compute capability) and the
+  versions of qd_numba, Numba, llvmlite and numba-cuda;
+* the *globals snapshot* (:func:`snapshot`) — every value the compiler may read from Python:
+  starting at the names the kernel's code uses (its globals, closure cells and template
+  arguments), following attributes/items by the names the code uses, into every user function
+  reached (``qd.func``, ``@numba.njit`` callees: their bytecode and their own globals). Scalars
+  are described by value, fields and ndarrays by layout (and which paths reach the same field),
+  functions by code; library objects (qd_numba, Numba, numpy) by name, since the versions are in
+  the fast key. A value the snapshot cannot describe makes the kernel uncacheable.
+
+Neither runs the frontend, so a hit in a fresh process costs a walk over a few dicts, one file
+read and the load of the artefact. The entry stores its full key and the versions; both are
+checked on load, so a hash collision or a stale file is a miss. The hidden field arguments of a
+hit are the objects the snapshot finds at the paths stored with the entry.
+
+Artefacts: on the CPU the kernel's LLVM library as object code plus the Numba function
+descriptor and environments (rebuilt as Numba's own cache does, ``CompileResult._rebuild``), the
+Task list and the hidden-field paths. Loaded libraries are kept per process: an entry loaded
+twice (after ``qd.init``) is linked once.
+
+Files. ``<offline_cache_file_path>/<version tag>/<key[:2]>/<key>.qdc``; written to a temporary
+file and renamed (``os.replace``) under a ``filelock`` lock of the cache directory, so readers
+never see a partial file and concurrent writers of one key leave one complete entry. A file
+that cannot be read, unpickled or loaded is a miss: a :class:`~qd_numba.errors.QuadrantsWarning`,
+the file is removed, the kernel compiles. A cache directory that cannot be written (read-only,
+disk full) gives one warning per process, never an error. After each write the directory is
+cleaned as ``offline_cache_cleaning_policy`` says (``lru``, ``fifo``, ``version``, ``never``)
+when it is over ``offline_cache_max_size_of_files``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+import types as pytypes
+import warnings
+
+import numpy as np
+
+from . import config
+from .errors import QuadrantsWarning
+from .field import ArrayData
+from .frontend.keys import CODE_CONFIG, code_key, value_key
+
+FORMAT = 1                  # bump when the entry layout changes
+SUFFIX = ".qdc"
+_LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")
+_MAX_NODES = 20_000         # a bigger snapshot is uncacheable (a huge object graph reached by name)
+_MAX_ITEMS = 256            # items of a tuple/list/dict followed
+
+
+@dataclasses.dataclass
+class Stats:
+    """What the cache did in this process (tests and benchmarks read it)."""
+
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    discarded: int = 0      # unreadable or mismatched entries removed
+    uncacheable: int = 0    # kernels whose snapshot could not be taken
+
+
+stats = Stats()
+_loaded: dict = {}          # full key -> artefact loaded in this process (linked once)
+_lock = threading.Lock()
+_warned: set = set()        # (directory, kind) warned about once
+
+
+# -- versions and paths ------------------------------------------------------------------------------
+
+def versions() -> tuple:
+    """The compiler stack an entry depends on."""
+    import llvmlite
+    import numba
+
+    from . import __version__
+
+    cuda = sys.modules.get("numba_cuda")
+    return (FORMAT, __version__, numba.__version__, llvmlite.__version__,
+            getattr(cuda, "__version__", None), sys.version_info[:2])
+
+
+def version_tag() -> str:
+    return hashlib.sha256(repr(versions()[:4]).encode()).hexdigest()[:16]
+
+
+def default_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "qd_numba", "qdcache")
+
+
+def cache_root(cfg=None) -> str:
+    cfg = cfg or config.current
+    return os.path.abspath(os.path.expanduser(cfg.offline_cache_file_path or default_path()))
+
+
+def enabled(cfg) -> bool:
+    """Whether kernels compiled under ``cfg`` use the cache (the profiler's and IR dumps' compiles never do)."""
+    return cfg.offline_cache and not cfg.kernel_profiler and not cfg.print_ir and not cfg.dump_generated
+
+
+def clear_offline_cache(path: str | None = None) -> None:
+    """Remove every entry of the offline cache (``path``, default: the configured directory)."""
+    root = os.path.abspath(os.path.expanduser(path)) if path else cache_root()
+    if os.path.isdir(root):
+        with _dir_lock(root):
+            for name in os.listdir(root):
+                full = os.path.join(root, name)
+                if os.path.isdir(full):
+                    shutil.rmtree(full, ignore_errors=True)
+                elif name.endswith(SUFFIX):
+                    os.unlink(full)
+    with _lock:
+        _loaded.clear()
+
+
+# -- keys -----------------------------------------------------------------------------------------------
+
+def _is_lib(obj) -> bool:
+    module = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
+    return isinstance(module, str) and module.split(".")[0] in _LIB_MODULES
+
+
+def _user_function(value):
+    """The Python function behind a user function, qd.func or njit dispatcher, or None."""
+    fn = getattr(value, "py_func", None) or value
+    if not isinstance(fn, pytypes.FunctionType):
+        inner = getattr(value, "fn", None)
+        fn = inner if isinstance(inner, pytypes.FunctionType) else None
+    return None if fn is None or _is_lib(fn) else fn
+
+
+def _code_names(code) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+class _Walk:
+    """One pass of :func:`snapshot` with a fixed set of attribute names."""
+
+    def __init__(self, names: set):
+        self.names = sorted(names)
+        self.items = []         # (path, description)
+        self.arrays = {}        # path -> ArrayData
+        self.seen = {}          # id(object) -> path first reached (non-scalars)
+        self.functions = []     # user functions reached, in order
+        self.keep = []          # objects whose ids are in ``seen``
+
+    def function_roots(self, fn) -> None:
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        names = _code_names(fn.__code__)
+        for name in sorted(names):
+            if name in fn.__globals__:
+                self.visit((where, "g", name), fn.__globals__[name], 0)
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:      # an empty cell (a name assigned later)
+                continue
+            self.visit((where, "f", name), value, 0)
+
+    def visit(self, path, value, depth) -> None:
+        if len(self.items) > _MAX_NODES or depth > 8:
+            raise _Uncacheable(f"too many objects reached from {path[0]}")
+        if isinstance(value, (type(None), bool, int, float, complex, str, bytes, np.generic)):
+            self.items.append((path, value_key(value)))
+            return
+        first = self.seen.get(id(value))
+        if first is not None:
+            self.items.append((path, ("same", first)))
+            return
+        self.seen[id(value)] = path
+        self.keep.append(value)
+        if isinstance(value, ArrayData):
+            self.items.append((path, value_key(value)))
+            self.arrays[path] = value
+            return
+        if isinstance(value, np.ndarray):
+            self.items.append((path, ("array", value.dtype.str, value.shape,
+                                      hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest())))
+            return
+        if isinstance(value, (tuple, list)):
+            self.items.append((path, (type(value).__name__, len(value))))
+            for k, item in enumerate(value[:_MAX_ITEMS]):
+                self.visit(path + (k,), item, depth + 1)
+            return
+        if isinstance(value, dict):
+            keys = [k for k in value if isinstance(k, (str, int))][:_MAX_ITEMS]
+            self.items.append((path, ("dict", len(value))))
+            for k in sorted(keys, key=repr):
+                self.visit(path + (("key", k),), value[k], depth + 1)
+            return
+        fn = _user_function(value)
+        if fn is not None:
+            self.items.append((path, ("function", type(value).__name__, fn.__module__, fn.__qualname__,
+                                      code_key(fn.__code__))))
+            self.functions.append(fn)
+            return
+        if _is_lib(value) or _is_lib(type(value)):
+            self.items.append((path, self._library_object(value)))
+            return
+        if isinstance(value, pytypes.ModuleType):
+            self.items.append((path, ("module", value.__name__)))
+        elif isinstance(value, type):
+            self.items.append((path, ("class", value.__module__, value.__qualname__)))
+        elif type(value).__repr__ is object.__repr__ or hasattr(value, "__dict__"):
+            self.items.append((path, ("instance", type(value).__module__, type(value).__qualname__)))
+        else:
+            raise _Uncacheable(f"{'.'.join(map(str, path))}: a {type(value).__name__} cannot be described")
+        self._attributes(path, value, depth)
+
+    def _attributes(self, path, value, depth) -> None:
+        for name in self.names:
+            try:
+                attr = getattr(value, name)
+            except Exception:    # an attribute the object has not, or a property that raises
+                continue
+            if isinstance(attr, pytypes.MethodType):
+                attr = attr.__func__
+            self.visit(path + (name,), attr, depth + 1)
+
+    @staticmethod
+    def _library_object(value):
+        """A qd_numba/Numba/numpy object: modules, classes and functions by name (the versions are
+        in the key), values by content."""
+        if isinstance(value, (pytypes.ModuleType, type, pytypes.FunctionType, pytypes.BuiltinFunctionType)):
+            return ("lib", getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+                    or getattr(value, "__name__", None))
+        key = value_key(value)
+        if key is not None:
+            return key
+        text = repr(value)
+        if " at 0x" in text:
+            try:
+                return ("pickled", hashlib.sha256(pickle.dumps(value)).hexdigest())
+            except Exception:
+                return ("lib-object", type(value).__module__, type(value).__qualname__)
+        return ("repr", type(value).__module__, type(value).__qualname__, text)
+
+
+def snapshot(kernel, templates: dict):
+    """(description, {path: field/ndarray}) of everything the compiler may read from Python for
+    this kernel (module docstring), or None if some value cannot be described."""
+    names = _code_names(kernel.fn.__code__)
+    for _ in range(8):      # attribute names grow with the functions reached: iterate to a fixed point
+        walk = _Walk(names)
+        try:
+            for name in sorted(templates):
+                walk.visit(("template", name), templates[name], 0)
+            walk.function_roots(kernel.fn)
+            done = set()
+            for fn in walk.functions:       # grows while iterating
+                if fn not in done:
+                    done.add(fn)
+                    walk.function_roots(fn)
+        except _Uncacheable:
+            return None
+        grown = names.union(*(_code_names(fn.__code__) for fn in walk.functions))
+        if grown == names:
+            return tuple(walk.items), walk.arrays
+        names = grown
+    return None
+
+
+def fast_key(kernel, param_types: dict, cfg, target: str) -> tuple:
+    """What identifies a kernel instance apart from the values its code reads from Python."""
+    code_config = tuple((f.name, repr(getattr(cfg, f.name))) for f in dataclasses.fields(cfg) if f.name in CODE_CONFIG)
+    return (versions(), target, kernel.qualname, code_key(kernel.fn.__code__),
+            tuple((n, str(t)) for n, t in sorted(param_types.items())), str(kernel.return_type),
+            kernel.graph, kernel.fuse, code_config)
+
+
+@dataclasses.dataclass
+class Lookup:
+    """One kernel instance's place in the cache: its key and the objects its snapshot reached."""
+
+    key: str
+    arrays: dict            # path -> field/ndarray
+    root: str
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, version_tag(), self.key[:2], self.key + SUFFIX)
+
+    def hidden_paths(self, hidden) -> list | None:
+        """The snapshot path of each hidden field (in order), or None if one was not reached."""
+        by_id = {}
+        for path, obj in self.arrays.items():
+            by_id.setdefault(id(obj), path)
+        paths = [by_id.get(id(f)) for f in hidden]
+        return None if any(p is None for p in paths) else paths
+
+
+def lookup(kernel, param_types: dict, templates: dict, cfg, target: str) -> Lookup | None:
+    """The cache place of this instance, or None when it is not cached (disabled, or its
+    snapshot cannot be taken)."""
+    if not enabled(cfg):
+        return None
+    snap = snapshot(kernel, templates)
+    if snap is None:
+        stats.uncacheable += 1
+        return None
+    description, arrays = snap
+    full = (fast_key(kernel, param_types, cfg, target), description)
+    key = hashlib.sha256(repr(full).encode()).hexdigest()
+    return Lookup(key, arrays, cache_root(cfg))
+
+
+# -- reading and writing ----------------------------------------------------------------------------------
+
+def _warn(message: str) -> None:
+    warnings.warn(QuadrantsWarning(f"offline cache: {message}"), stacklevel=4)
+
+
+def _warn_once(root: str, kind: str, message: str) -> None:
+    if (root, kind) not in _warned:
+        _warned.add((root, kind))
+        _warn(message)
+
+
+def load(place: Lookup, rebuild):
+    """The artefact of ``place``: from this process if loaded before, else from its file through
+    ``rebuild(payload)``. None on a miss; a bad entry is removed with a warning."""
+    with _lock:
+        artefact = _loaded.get(place.key)
+    if artefact is not None:
+        stats.hits += 1
+        return artefact
+    try:
+        with open(place.path, "rb") as f:
+            data = f.read()
+    except OSError:           # no entry (or removed since): a miss
+        stats.misses += 1
+        return None
+    try:
+        stored_versions, stored_key, payload = pickle.loads(data)
+        if stored_versions != versions() or stored_key != place.key:
+            raise ValueError(f"written by another version ({stored_versions}) or for another key")
+        artefact = rebuild(payload)
+    except Exception as e:  # a truncated, corrupt or foreign file: never trusted, never fatal
+        _warn(f"discarding the unusable entry {place.path} ({type(e).__name__}: {str(e)[:200]}); compiling again")
+        stats.discarded += 1
+        stats.misses += 1
+        _remove(place.path)
+        return None
+    if config.current.offline_cache_cleaning_policy == "lru":
+        _touch(place.path)
+    with _lock:
+        artefact = _loaded.setdefault(place.key, artefact)
+    stats.hits += 1
+    return artefact
+
+
+def store(place: Lookup, payload, artefact) -> None:
+    """Write ``payload`` as the entry of ``place`` (atomically), and remember ``artefact`` as
+    loaded. A directory that cannot be written gives one warning per process."""
+    with _lock:
+        _loaded[place.key] = artefact
+    data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    directory = os.path.dirname(place.path)
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with _dir_lock(place.root):
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SUFFIX)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, place.path)
+            tmp = None
+            stats.writes += 1
+            clean(place.root)
+    except OSError as e:
+        _warn_once(place.root, "write", f"cannot write to {place.root} ({e}); kernels compile in every process")
+    finally:
+        if tmp is not None:
+            _remove(tmp)
+
+
+def _dir_lock(root: str):
+    from filelock import FileLock
+
+    os.makedirs(root, exist_ok=True)
+    return FileLock(os.path.join(root, ".lock"), timeout=60)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _entries(root: str) -> list:
+    """(path, size, mtime) of every entry under ``root``."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(SUFFIX) and not name.startswith(".tmp-"):
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                out.append((full, st.st_size, st.st_mtime))
+    return out
+
+
+def clean(root: str, cfg=None) -> None:
+    """Apply the cleaning policy to ``root`` (called with its lock held, after a write)."""
+    cfg = cfg or config.current
+    policy = cfg.offline_cache_cleaning_policy
+    if policy == "never":
+        return
+    entries = _entries(root)
+    limit = cfg.offline_cache_max_size_of_files
+    if sum(size for _, size, _ in entries) <= limit:
+        return
+    if policy == "version":     # drop the entries of other versions
+        current = version_tag()
+        for name in os.listdir(root):
+            if name != current and os.path.isdir(os.path.join(root, name)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        return
+    # lru (hits refresh the mtime) / fifo (mtime is the write time): remove the oldest first
+    target = limit * (1.0 - cfg.offline_cache_cleaning_factor)
+    total = sum(size for _, size, _ in entries)
+    for path, size, _ in sorted(entries, key=lambda e: e[2]):
+        if total <= target:
+            break
+        _remove(path)
+        total -= size
+
+
+# -- the CPU artefact -----------------------------------------------------------------------------------
+
+def cpu_payload(cres, tasks, hidden_paths) -> tuple:
+    """What a CPU entry stores: the compiled driver as Numba caches it (object code, function
+    descriptor, environments), the Tasks and the hidden-field paths."""
+    return cres._reduce(), list(tasks), hidden_paths
+
+
+def cpu_rebuild(payload) -> tuple:
+    """(CompileResult, tasks, hidden paths) from :func:`cpu_payload`'s tuple."""
+    from numba.core.compiler import CompileResult
+    from numba.core.registry import cpu_target
+
+    from .targets.cpu import ensure_threading_layer
+
+    reduced, tasks, hidden_paths = payload
+    ensure_threading_layer()    # the library calls numba_parallel_for
+    return CompileResult._rebuild(cpu_target.target_context, *reduced), tasks, hidden_paths

@@ -1,0 +1,448 @@
+"""The offline cache (qd_numba/offline_cache.py): hits across processes without the frontend,
+a miss for every key ingredient, and bad entries rebuilt with a warning, never trusted.
+
+Every test uses a temporary cache directory (the suite runs with ``QD_OFFLINE_CACHE=0``).
+Kernels are defined from source text with ``exec`` (bytecode only, as in a notebook), so a test
+can "edit" a kernel by executing other source under the same name.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numba
+import numpy as np
+import pytest
+
+import qd_numba as qd
+from qd_numba import config, offline_cache
+from qd_numba.errors import QuadrantsWarning
+
+pytestmark = pytest.mark.no_cuda_compile_check   # the cache is a CPU feature; its CUDA check adds nothing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SOURCE = """
+@qd.func
+def shift(v):
+    return v * v + OFFSET
+
+@qd.kernel
+def scale(a: qd.f32):
+    for i in x:
+        y[i] = shift(x[i]) * a
+"""
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    path = tmp_path / "qdcache"
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=str(path))
+    offline_cache.stats.__init__()
+    yield path
+    offline_cache._loaded.clear()
+    qd.init(arch=qd.cpu)
+
+
+def define(source=SOURCE, n=64, dtype=qd.f32, offset=1.0, **extra):
+    """Execute ``source`` in a fresh namespace with fields x, y of ``n`` elements."""
+    ns = {"qd": qd, "numba": numba, "x": qd.field(dtype, shape=n), "y": qd.field(dtype, shape=n),
+          "OFFSET": offset, "__name__": "cached_kernels", **extra}
+    exec(compile(textwrap.dedent(source), "<cell>", "exec"), ns)
+    return ns
+
+
+def run_scale(ns, rng, a=2.0):
+    data = rng.random(ns["x"].shape).astype(ns["x"].to_numpy().dtype)
+    ns["x"].from_numpy(data)
+    ns["scale"](a)
+    np.testing.assert_allclose(ns["y"].to_numpy(), (data * data + ns["OFFSET"]) * a, rtol=1e-6)
+
+
+def fresh_process():
+    """What a new process sees: nothing loaded; the kernels recompile or load from disk."""
+    offline_cache._loaded.clear()
+    offline_cache.stats.__init__()
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=config.current.offline_cache_file_path)
+
+
+def entries(path):
+    return sorted(p for p in path.rglob("*" + offline_cache.SUFFIX) if not p.name.startswith(".tmp-"))
+
+
+# -- hits ---------------------------------------------------------------------------------------------
+
+SCRIPT = """
+import sys
+import numpy as np
+import qd_numba as qd
+from qd_numba import offline_cache
+
+qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=sys.argv[1])
+x = qd.field(qd.f32, shape=500)
+y = qd.field(qd.f32, shape=500)
+ns = {"qd": qd, "x": x, "y": y, "OFFSET": 0.5, "__name__": "cached_kernels"}
+exec(compile('''
+@qd.func
+def shift(v):
+    return v * v + OFFSET
+
+@qd.kernel
+def scale(a: qd.f32):
+    for i in x:
+        y[i] = shift(x[i]) * a
+''', "<cell>", "exec"), ns)
+data = np.random.default_rng(int(sys.argv[2])).random(500).astype(np.float32)
+x.from_numpy(data)
+ns["scale"](3.0)
+assert np.allclose(y.to_numpy(), (data * data + 0.5) * 3.0, rtol=1e-6), "wrong result"
+s = offline_cache.stats
+print(ns["scale"].compile_count, len(ns["scale"]._ir), s.hits, s.writes, s.discarded)
+"""
+
+
+def run_script(path, seed, env=None):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(path), str(seed)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": REPO, "QD_CUDA_COMPILE_CHECK": "0", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def script_result(proc):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return tuple(int(v) for v in out.split())
+
+
+def test_a_second_process_hits_without_running_the_frontend(tmp_path):
+    path = tmp_path / "qdcache"
+    # compiles, frontend IRs, hits, writes, discarded
+    assert script_result(run_script(path, 1)) == (1, 1, 0, 1, 0)
+    assert script_result(run_script(path, 2)) == (0, 0, 1, 0, 0)
+    assert len(entries(path)) == 1
+
+
+def test_two_processes_writing_one_key_at_once_leave_one_good_entry(tmp_path):
+    path = tmp_path / "qdcache"
+    first, second = run_script(path, 3), run_script(path, 4)
+    assert script_result(first)[0] == script_result(second)[0] == 1
+    assert len(entries(path)) == 1
+    assert script_result(run_script(path, 5)) == (0, 0, 1, 0, 0)
+
+
+def test_a_hit_in_process_loads_the_entry_and_computes_the_same(cache_dir, rng):
+    ns = define()
+    run_scale(ns, rng)
+    assert ns["scale"].compile_count == 1 and len(entries(cache_dir)) == 1
+    fresh_process()
+    run_scale(ns, rng, a=-1.5)
+    assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1
+    assert [t.kind for t in ns["scale"].tasks(2.0)] == ["range_for"]
+
+
+def test_a_kernel_defined_with_exec_and_its_fields_rebind_to_this_process_objects(cache_dir, rng):
+    run_scale(define(), rng)
+    fresh_process()
+    ns = define()    # the same code, new field objects of the same layout: a hit on the new fields
+    run_scale(ns, rng)
+    assert ns["scale"].compile_count == 0 and offline_cache.stats.hits == 1
+
+
+# -- a miss for every key ingredient ------------------------------------------------------------------------
+
+def key_of(ns, kernel="scale", param_types=None, templates=None):
+    param_types = param_types or {"a": numba.float32}
+    k = ns[kernel]
+    cfg = config.current.for_kernel(fuse=k.fuse, graph=k.graph)
+    place = offline_cache.lookup(k, param_types, templates or {}, cfg, "cpu")
+    assert place is not None
+    return place.key
+
+
+@pytest.mark.parametrize("change", [
+    "kernel source", "callee source", "njit callee", "global constant", "field shape", "field dtype",
+    "same field twice", "debug", "default_fp", "fusion", "version",
+])
+def test_every_key_ingredient_changes_the_key(cache_dir, change, monkeypatch):
+    source = SOURCE.replace("@qd.func", "@numba.njit") if change == "njit callee" else SOURCE
+    base = define(source)
+    if change == "kernel source":
+        other = define(SOURCE.replace("* a", "+ a"))
+    elif change == "callee source":
+        other = define(SOURCE.replace("v * v", "v * v * v"))
+    elif change == "njit callee":
+        other = define(source.replace("v * v", "v - v"))
+    elif change == "global constant":
+        other = define(offset=2.0)
+    elif change == "field shape":
+        other = define(n=65)
+    elif change == "field dtype":
+        other = define(dtype=qd.f64)
+    elif change == "same field twice":   # y is x: one hidden argument instead of two
+        other = define()
+        other["y"] = other["x"]
+    elif change in ("debug", "default_fp", "fusion"):
+        option = {"debug": ("debug", True), "default_fp": ("default_fp", qd.f64),
+                  "fusion": ("aggressive_kernel_fusion", True)}[change]
+        key = key_of(base)
+        monkeypatch.setattr(config.current, *option)
+        assert key_of(base) != key
+        return
+    else:
+        key = key_of(base)
+        monkeypatch.setattr(offline_cache, "versions", lambda: ("another", "version"))
+        assert key_of(base) != key
+        return
+    assert key_of(base) != key_of(other)
+    assert key_of(base) == key_of(define(source))   # and only the change: new objects of the same content
+
+
+def test_template_values_and_argument_types_are_in_the_key(cache_dir):
+    ns = define("""
+    @qd.kernel
+    def fill(t: qd.template(), a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in a:
+            a[i] = t
+    """)
+    f32 = numba.types.Array(numba.float32, 1, "C")
+    f64 = numba.types.Array(numba.float64, 1, "C")
+    keys = {key_of(ns, "fill", {"a": f32}, {"t": 2}), key_of(ns, "fill", {"a": f32}, {"t": 3}),
+            key_of(ns, "fill", {"a": f64}, {"t": 2}), key_of(ns, "fill", {"a": f32}, {"t": 2.0})}
+    assert len(keys) == 4
+
+
+@pytest.mark.parametrize("change", ["field shape", "global constant", "callee source"])
+def test_a_changed_ingredient_recompiles_and_never_runs_stale_code(cache_dir, rng, change):
+    run_scale(define(), rng)
+    fresh_process()
+    ns = {"field shape": lambda: define(n=33), "global constant": lambda: define(offset=-4.0),
+          "callee source": lambda: define(SOURCE.replace("v * v +", "v * v * 1.0 +"))}[change]()
+    run_scale(ns, rng)
+    assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 0
+    assert len(entries(cache_dir)) == 2
+
+
+def test_kernels_whose_globals_cannot_be_described_are_not_cached(cache_dir, rng):
+    class Opaque:   # no attributes to follow, and a repr that does not tell values apart
+        __slots__ = ()
+
+        def __repr__(self):
+            return "opaque"
+
+    ns = define(SOURCE.replace("* a", "* a * THING.scale"), THING=Opaque())
+    assert offline_cache.snapshot(ns["scale"], {}) is None
+    assert offline_cache.lookup(ns["scale"], {"a": numba.float32}, {}, config.current, "cpu") is None
+
+
+# -- bad entries ------------------------------------------------------------------------------------------
+
+def _damage(path, how):
+    if how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "random bytes":
+        path.write_bytes(np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    elif how == "empty":
+        path.write_bytes(b"")
+    else:   # another version's entry at this key's path
+        import pickle
+
+        _, key, payload = pickle.loads(path.read_bytes())
+        path.write_bytes(pickle.dumps((("old", "versions"), key, payload)))
+
+
+@pytest.mark.parametrize("how", ["truncated", "random bytes", "empty", "wrong version"])
+def test_a_bad_entry_is_discarded_with_a_warning_and_rebuilt(cache_dir, rng, how):
+    ns = define()
+    run_scale(ns, rng)
+    [entry] = entries(cache_dir)
+    _damage(entry, how)
+    fresh_process()
+    with pytest.warns(QuadrantsWarning, match="discarding the unusable entry"):
+        run_scale(ns, rng)
+    assert ns["scale"].compile_count == 2 and offline_cache.stats.discarded == 1
+    fresh_process()                       # the rebuilt entry is good
+    run_scale(ns, rng)
+    assert ns["scale"].compile_count == 2 and offline_cache.stats.hits == 1
+
+
+def test_an_entry_removed_between_lookup_and_read_is_a_plain_miss(cache_dir, rng, recwarn):
+    ns = define()
+    run_scale(ns, rng)
+    fresh_process()
+    k = ns["scale"]
+    place = offline_cache.lookup(k, {"a": numba.float32}, {}, config.current, "cpu")
+    os.unlink(place.path)
+    assert offline_cache.load(place, offline_cache.cpu_rebuild) is None
+    assert not [w for w in recwarn if issubclass(w.category, QuadrantsWarning)]
+    run_scale(ns, rng)
+    assert k.compile_count == 2
+
+
+def test_an_unwritable_cache_directory_warns_once_and_kernels_still_run(cache_dir, rng, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(cache_dir))
+
+    monkeypatch.setattr(offline_cache.tempfile, "mkstemp", refuse)
+    offline_cache._warned.clear()
+    ns = define()
+    with pytest.warns(QuadrantsWarning, match="cannot write"):
+        run_scale(ns, rng)
+    other = define(offset=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # once per process and directory
+        run_scale(other, rng)
+    assert entries(cache_dir) == []
+
+
+def test_a_full_disk_leaves_no_partial_file(cache_dir, rng, monkeypatch):
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, fd):
+            self.f = real_fdopen(fd, "wb")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:100])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(offline_cache.os, "fdopen", lambda fd, mode: Full(fd))
+    offline_cache._warned.clear()
+    ns = define()
+    with pytest.warns(QuadrantsWarning, match="No space left"):
+        run_scale(ns, rng)
+    assert [p for p in cache_dir.rglob("*") if p.is_file() and p.name != ".lock"] == []
+
+
+# -- size limit, cleaning, clearing -------------------------------------------------------------------------
+
+def test_lru_cleaning_keeps_the_recently_used_entries(cache_dir, rng, monkeypatch):
+    kernels = [define(offset=float(k)) for k in range(4)]
+    for ns in kernels:
+        run_scale(ns, rng)
+    paths = entries(cache_dir)
+    size = max(p.stat().st_size for p in paths)
+    for k, ns in enumerate(kernels):        # a distinct use time per entry: kernel 0 oldest
+        place = offline_cache.lookup(ns["scale"], {"a": numba.float32}, {}, config.current, "cpu")
+        os.utime(place.path, (1000 + k, 1000 + k))
+    oldest = offline_cache.lookup(kernels[0]["scale"], {"a": numba.float32}, {}, config.current, "cpu").path
+    fresh_process()
+    run_scale(kernels[0], rng)              # a hit makes kernel 0 the most recently used
+    monkeypatch.setattr(config.current, "offline_cache_max_size_of_files", int(size * 4.5))
+    monkeypatch.setattr(config.current, "offline_cache_cleaning_factor", 0.25)
+    run_scale(define(offset=9.0), rng)      # a fifth entry: over the limit, down to 75%
+    left = entries(cache_dir)
+    assert len(left) == 3 and os.path.exists(oldest)
+
+
+def test_version_cleaning_drops_other_versions_and_never_keeps_all(cache_dir, rng, monkeypatch):
+    stale = cache_dir / "0123456789abcdef" / "aa"
+    stale.mkdir(parents=True)
+    (stale / ("a" * 64 + offline_cache.SUFFIX)).write_bytes(b"x" * 1000)
+    monkeypatch.setattr(config.current, "offline_cache_max_size_of_files", 10)
+    monkeypatch.setattr(config.current, "offline_cache_cleaning_policy", "never")
+    run_scale(define(), rng)
+    assert stale.exists()
+    monkeypatch.setattr(config.current, "offline_cache_cleaning_policy", "version")
+    run_scale(define(offset=5.0), rng)
+    assert not stale.parent.exists() and len(entries(cache_dir)) == 2
+
+
+def test_clear_offline_cache_removes_every_entry(cache_dir, rng):
+    run_scale(define(), rng)
+    assert entries(cache_dir)
+    qd.clear_offline_cache()
+    assert entries(cache_dir) == []
+    fresh_process()
+    ns = define()
+    run_scale(ns, rng)
+    assert ns["scale"].compile_count == 1
+
+
+def test_the_knobs_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("QD_OFFLINE_CACHE", "1")
+    monkeypatch.setenv("QD_OFFLINE_CACHE_FILE_PATH", str(tmp_path))
+    monkeypatch.setenv("QD_OFFLINE_CACHE_MAX_SIZE_OF_FILES", "12345")
+    monkeypatch.setenv("QD_OFFLINE_CACHE_CLEANING_POLICY", "FIFO")
+    monkeypatch.setenv("QD_OFFLINE_CACHE_CLEANING_FACTOR", "0.5")
+    cfg = config.config_from_env()
+    assert (cfg.offline_cache, cfg.offline_cache_file_path, cfg.offline_cache_max_size_of_files,
+            cfg.offline_cache_cleaning_policy, cfg.offline_cache_cleaning_factor) == (True, str(tmp_path), 12345,
+                                                                                      "fifo", 0.5)
+    assert offline_cache.cache_root(cfg) == str(tmp_path)
+    monkeypatch.setenv("QD_OFFLINE_CACHE_CLEANING_POLICY", "sometimes")
+    with pytest.raises(ValueError, match="offline_cache_cleaning_policy"):
+        config.config_from_env()
+    monkeypatch.setenv("QD_OFFLINE_CACHE", "0")
+    monkeypatch.delenv("QD_OFFLINE_CACHE_CLEANING_POLICY")
+    assert not offline_cache.enabled(config.config_from_env())
+
+
+def test_template_fields_and_objects_rebind_to_the_call_arguments(cache_dir, rng):
+    ns = define("""
+    class Particles:
+        def __init__(self, n):
+            self.pos = qd.field(qd.f32, shape=n)
+            self.vel = qd.field(qd.f32, shape=n)
+
+    @qd.kernel
+    def step(p: qd.template(), out: qd.template(), dt: qd.f32):
+        for i in p.pos:
+            out[i] = p.pos[i] + p.vel[i] * dt
+    """)
+    systems = [ns["Particles"](40) for _ in range(2)]
+    outs = [qd.field(qd.f32, shape=40) for _ in range(2)]
+
+    def check(compiles):
+        for p, out in zip(systems, outs):
+            pos, vel = rng.random(40).astype(np.float32), rng.random(40).astype(np.float32)
+            p.pos.from_numpy(pos)
+            p.vel.from_numpy(vel)
+            ns["step"](p, out, 0.5)
+            np.testing.assert_allclose(out.to_numpy(), pos + vel * 0.5, rtol=1e-6)
+        assert ns["step"].compile_count == compiles
+
+    check(compiles=1)    # both calls: one entry (same layouts), each bound to its own fields
+    assert len(entries(cache_dir)) == 1
+    fresh_process()
+    check(compiles=1)
+    assert offline_cache.stats.hits == 2
+
+
+def test_an_njit_callee_kernel_hits_and_computes_the_same(cache_dir, rng):
+    ns = define(SOURCE.replace("@qd.func", "@numba.njit"))
+    run_scale(ns, rng)
+    fresh_process()
+    run_scale(ns, rng, a=0.25)
+    assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1
+
+
+def test_a_cached_debug_kernel_still_raises_out_of_bounds_and_returns_values(cache_dir, rng):
+    qd.init(arch=qd.cpu, debug=True, offline_cache=True, offline_cache_file_path=str(cache_dir))
+    ns = define("""
+    @qd.kernel
+    def total(n: qd.i32) -> qd.f32:
+        for i in range(n):
+            y[i] = x[i] * 2.0
+        return y[0] + y[n - 1]
+    """)
+    data = rng.random(64).astype(np.float32)
+    ns["x"].from_numpy(data)
+    assert ns["total"](64) == pytest.approx(2 * (data[0] + data[63]), rel=1e-5)
+    offline_cache._loaded.clear()
+    offline_cache.stats.__init__()
+    qd.init(arch=qd.cpu, debug=True, offline_cache=True, offline_cache_file_path=str(cache_dir))
+    assert ns["total"](10) == pytest.approx(2 * (data[0] + data[9]), rel=1e-5)
+    assert offline_cache.stats.hits == 1 and ns["total"].compile_count == 1
+    with pytest.raises(qd.QuadrantsRuntimeError, match="total"):
+        ns["total"](65)

@@ -118,6 +118,9 @@ KNOWN_CYCLIC = {   # exactly the modules on a cycle at the time of writing
     "qd_numba.targets.cuda", "qd_numba.targets.cuda.kernel", "qd_numba.targets.cuda.plan",
     "qd_numba.targets.cuda.tasks", "qd_numba.typing.matrix",
     "qd_numba.targets.untyped",   # code that was in targets.cuda.plan / cpu_target, both on the cycle
+    # the task cutter and kernel typing: code that was in targets.cuda.tasks / plan (on the cycle)
+    # and targets.cpu; they import passes.base and plan_tasks, which are on it
+    "qd_numba.passes.task_ir", "qd_numba.passes.task_types",
 }
 
 

@@ -1,11 +1,12 @@
 """CPU target: one native call per kernel, one parallel region per range-for task.
 
 Code shape. The kernel's serial code stays in one *driver* function, in program order; each
-range-for task is cut out into its own *task function* ``task(lo, hi, *live_ins)`` that runs
-iterations ``[lo, hi)`` serially. Where the loop was, the driver calls :func:`launch_range`,
-whose codegen splits ``[0, total)`` into chunks and hands them to Numba's threading layer
-(``numba_parallel_for``, the entry point parfors use) — so values computed by serial code
-flow to tasks as ordinary arguments, and a whole kernel is one call into native code.
+range-for task is cut out (passes/task_ir.py, with :class:`CpuTaskABI`) into its own *task
+function* ``task(lo, hi, *live_ins)`` that runs iterations ``[lo, hi)`` serially. Where the
+loop was, the driver calls :func:`launch_range`, whose codegen splits ``[0, total)`` into chunks
+and hands them to Numba's threading layer (``numba_parallel_for``, the entry point parfors
+use) — so values computed by serial code flow to tasks as ordinary arguments, and a whole kernel
+is one call into native code.
 
 Why not parfors: Numba's parfor passes cost ~0.25 s of compile time per loop (measured: 32
 ``prange`` loops 9.0 s vs 1.5 s for the same loops serial; bench/compile_time.py); compiling
@@ -31,8 +32,9 @@ from ..passes.task_ir import TaskABI, cut_task
 from ..passes.task_types import whole_kernel_ir
 from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
-CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for "
-                  "(targets/cpu.py build_driver)",
+CODEGEN_STAGES = ("task typing: the kernel typed once, each Task given its types (passes/task_types.py)",
+                  "split into a driver (serial code, launches) and one task function per range-for, cut by "
+                  "passes/task_ir.py with CpuTaskABI (targets/cpu.py build_driver)",
                   "Numba typing + lowering of the driver; each task function lowered into its library at its "
                   "launch site; LLVM optimises and emits the kernel once")
 

@@ -41,8 +41,10 @@ from .runtime import (
     native_timed_launcher,
 )
 
-CODEGEN_STAGES = ("split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
-                  "(targets/cuda/tasks.py)",
+CODEGEN_STAGES = ("task typing: the kernel typed once with numba-cuda's typing context, each Task given its "
+                  "types (passes/task_types.py)",
+                  "split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
+                  "(passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
                   "per task: numba-cuda typing + lowering, NVVM, nvJitLink -> cubin (targets/cuda/compile.py)",
                   "launch plan: cubins loaded, parameters pre-packed, host iteration counts (targets/cuda/plan.py)")
 

@@ -22,8 +22,8 @@ the most recent :data:`MAX_TRACE_RECORDS` individual records for ``print_kernel_
 ('trace')`` and :func:`export_chrome_trace`. ``qd.init`` clears them.
 
 Compile records are always kept (they cost a clock read per stage, at compile time only): per
-compile of a kernel instance, the seconds of each stage — frontend, untyped passes, task split,
-typing + lowering, LLVM (CPU) or NVVM and nvJitLink (CUDA), module load. Stages are timed by
+compile of a kernel instance, the seconds of each stage — frontend, untyped passes, task typing,
+task split, typing + lowering, LLVM (CPU) or NVVM and nvJitLink (CUDA), module load. Stages are timed by
 :func:`stage` blocks at the compile sites; a :func:`compiling` block opens a record, and blocks
 nest (the CUDA compile check inside a CPU compile is a stage of it and a record of its own).
 

@@ -167,6 +167,6 @@ def test_loops_under_runtime_control_flow_stay_serial_on_gpu(rng):
 def test_every_range_for_task_takes_ctx_and_tmp_first():
     _, _, compiled, _, _ = _split(pure_bounds, {"a": types.float64[::1], "b": types.float64[::1]})
     (_, tk, c), = compiled
-    assert tk.runtime_args == ["a", "b"]
+    assert tk.params == ["a", "b"]
     names = [s.arg_name for s in c.param_layout]
     assert names[:2] == ["qd_ctx", "qd_tmp"] and names.count("a") == 7 and names.count("b") == 7

@@ -52,6 +52,8 @@ class Unit:
     recompute: list = dataclasses.field(default_factory=list)  # pure statements copied into the prologue
     returns: bool = False               # stores the kernel's return value
     ret_var: str | None = None          # the returned variable (set when the IR is built)
+    live_ins: list = dataclasses.field(default_factory=list)  # variables defined before the task that it reads
+    types: dict | None = None           # variable -> Numba type (passes/task_types.py, per target)
     task: Task | None = None
 
 
@@ -60,6 +62,7 @@ class TaskPlan:
     units: list                         # the kernel's tasks (launched units), program order
     temp_slots: int
     ret_slot: int | None
+    return_type: object = None          # the kernel's inferred return type (passes/task_types.py)
 
 
 # -- structure -----------------------------------------------------------------------------------
@@ -275,10 +278,13 @@ def plan(state, returns_value: bool) -> TaskPlan:
         needed = set(live_map.get(entry, ())) & _all_uses(state, unit.labels) if entry is not None else set()
         if unit.kind == "range_for":
             needed.discard(unit.loop.iter_var.name)
-            needed.add(unit.loop.total_var.name)
         # only the names this task needs: a set over every variable would make the plan
         # quadratic in the number of tasks
         defined_outside = {n for n in needed if any(lbl not in unit.labels for lbl, _ in assigns.get(n, ()))}
+        unit.live_ins = sorted(needed & defined_outside)
+        if unit.kind == "range_for":
+            needed.add(unit.loop.total_var.name)
+            defined_outside.add(unit.loop.total_var.name)
         recompute = []
         def loadable(dep, pos=pos):  # produced by one serial task that runs anyway, before this one
             d = slicer.definition(dep)

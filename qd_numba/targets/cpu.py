@@ -1,11 +1,12 @@
 """CPU target: one native call per kernel, one parallel region per range-for task.
 
 Code shape. The kernel's serial code stays in one *driver* function, in program order; each
-range-for task is cut out into its own *task function* ``task(lo, hi, *live_ins)`` that runs
-iterations ``[lo, hi)`` serially. Where the loop was, the driver calls :func:`launch_range`,
-whose codegen splits ``[0, total)`` into chunks and hands them to Numba's threading layer
-(``numba_parallel_for``, the entry point parfors use) — so values computed by serial code
-flow to tasks as ordinary arguments, and a whole kernel is one call into native code.
+range-for task is cut out (passes/task_ir.py, with :class:`CpuTaskABI`) into its own *task
+function* ``task(lo, hi, *live_ins)`` that runs iterations ``[lo, hi)`` serially. Where the
+loop was, the driver calls :func:`launch_range`, whose codegen splits ``[0, total)`` into chunks
+and hands them to Numba's threading layer (``numba_parallel_for``, the entry point parfors
+use) — so values computed by serial code flow to tasks as ordinary arguments, and a whole kernel
+is one call into native code.
 
 Why not parfors: Numba's parfor passes cost ~0.25 s of compile time per loop (measured: 32
 ``prange`` loops 9.0 s vs 1.5 s for the same loops serial; bench/compile_time.py); compiling
@@ -27,11 +28,14 @@ from numba.core.registry import cpu_target
 from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
-from ..passes.base import copy_ir, derive_ir, exec_stub
+from ..passes.base import copy_ir
+from ..passes.task_ir import TaskABI, cut_task
+from ..passes.task_types import whole_kernel_ir
 from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
-CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for "
-                  "(targets/cpu.py build_driver)",
+CODEGEN_STAGES = ("task typing: the kernel typed once, each Task given its types (passes/task_types.py)",
+                  "split into a driver (serial code, launches) and one task function per range-for, cut by "
+                  "passes/task_ir.py with CpuTaskABI (targets/cpu.py build_driver)",
                   "Numba typing + lowering of the driver; each task function lowered into its library at its "
                   "launch site; LLVM optimises and emits the kernel once")
 
@@ -296,91 +300,39 @@ def _emit_parallel(context, builder, fn, argtys, args, args_v, total_v, nthreads
 
 # -- splitting the kernel into a driver and task functions ------------------------------------------
 
-def _param_name(var_name: str, k: int) -> str:
-    clean = "".join(ch if ch.isalnum() else "_" for ch in var_name)
-    return f"v{k}_{clean}"
+class CpuTaskABI(TaskABI):
+    """A range-for task on the CPU: ``task(lo, hi, *live_ins)`` runs flat iterations ``[lo, hi)``;
+    the driver, which runs the serial code, passes every live-in."""
+
+    leading_params = ("qd_lo", "qd_hi")
+
+    def flat_range(self, state, unit, emit, leading):
+        lo, hi = leading
+        return lo, hi, None
+
+    def stable_id(self, unit) -> int:
+        return next(_symbol_ids)
 
 
-class _Liveness:
-    """Per kernel, before the driver's preheaders are rewritten: the variables live at the
-    entry of each block, and the blocks that assign each variable."""
-
-    def __init__(self, state):
-        ir, analysis = state.ir, state.tools.analysis
-        blocks = state.func_ir.blocks
-        cfg = analysis.compute_cfg_from_blocks(blocks)
-        usedefs = analysis.compute_use_defs(blocks)
-        self.live_map = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
-        self.assigned_in = {}
-        for lbl, block in blocks.items():
-            for stmt in block.body:
-                if isinstance(stmt, ir.Assign):
-                    self.assigned_in.setdefault(stmt.target.name, set()).add(lbl)
-
-    def live_ins(self, state, lp):
-        """The driver variables a task reads: assigned outside the loop, live at its header and
-        read in its body. Liveness matters: a name that an earlier loop also assigned (``for i``
-        twice) is read in this body only after this loop assigned it, and the driver has no
-        value for it."""
-        usedefs = state.tools.analysis.compute_use_defs({lbl: state.func_ir.blocks[lbl] for lbl in lp.body})
-        used = set().union(*usedefs.usemap.values()) if usedefs.usemap else set()
-        live = set(self.live_map.get(lp.header, ()))
-        return sorted(name for name in used & live if name != lp.iter_var.name
-                      and not self.assigned_in.get(name, set()) <= lp.body)
+CPU_TASK_ABI = CpuTaskABI()
 
 
-def build_task_function(state, lp, task, debug: bool, liveness) -> tuple[TaskFunction, list[str]]:
-    """A TaskFunction for one offloaded loop, and the names of the driver variables it needs."""
-    ir = state.ir
-    blocks = state.func_ir.blocks
-    live = liveness.live_ins(state, lp)
-    params = ["qd_lo", "qd_hi"] + [_param_name(v, k) for k, v in enumerate(live)]
-    stub = exec_stub(f"qd_task{task.index}", params)
-    entry_block = blocks[lp.preheader]
-    scope = entry_block.scope
-    loc = blocks[lp.header].loc
-    entry = ir.Block(scope, loc)
-    lo = scope.redefine("$qd_lo", loc)
-    hi = scope.redefine("$qd_hi", loc)
-    entry.body.append(ir.Assign(ir.Arg(params[0], 0, loc), lo, loc))
-    entry.body.append(ir.Assign(ir.Arg(params[1], 1, loc), hi, loc))
-    for k, name in enumerate(live):
-        entry.body.append(ir.Assign(ir.Arg(params[k + 2], k + 2, loc), ir.Var(scope, name, loc), loc))
-    rng = scope.redefine("$qd_range", loc)
-    call = scope.redefine("$qd_range_call", loc)
-    it = scope.redefine("$qd_iter", loc)
-    entry.body += [ir.Assign(ir.Global("range", range, loc), rng, loc),
-                   ir.Assign(ir.Expr.call(rng, [lo, hi], (), loc), call, loc),
-                   ir.Assign(ir.Expr.getiter(call, loc), it, loc),
-                   ir.Assign(it, lp.iter_var, loc),
-                   ir.Jump(lp.header, loc)]
-    exit_block = ir.Block(scope, loc)
-    none = scope.redefine("$qd_none", loc)
-    ret = scope.redefine("$qd_ret", loc)
-    exit_block.body = [ir.Assign(ir.Const(None, loc), none, loc),
-                       ir.Assign(ir.Expr.cast(none, loc), ret, loc),
-                       ir.Return(ret, loc)]
-    # Numba takes the block with the smallest label as the entry; 0 is the kernel's own entry,
-    # which never belongs to a loop body
-    new_blocks = {0: entry, lp.exit: exit_block}
-    for lbl in lp.body:
-        new_blocks[lbl] = copy_ir(ir, blocks[lbl])
-    task_ir = derive_ir(state, stub, new_blocks, params, stable_id=next(_symbol_ids))
+def build_task_function(state, unit, debug: bool) -> tuple[TaskFunction, list[str]]:
+    """A TaskFunction for one range-for unit, and the names of the driver variables it takes."""
+    cut = cut_task(state, unit, CPU_TASK_ABI)
     timed = state.config.kernel_profiler and CLOCK_MONOTONIC is not None
-    return TaskFunction(task, task_ir, debug, timed), live
+    return TaskFunction(unit.task, cut.func_ir, debug, timed), cut.params
 
 
 def build_driver(state, debug: bool):
     """The driver IR (serial code + launches) and the task functions, for ``compile_ir``."""
     ir = state.ir
     blocks = state.func_ir.blocks
-    task_functions = []
-    by_index = {t.index: t for t in state.tasks}
-    liveness = _Liveness(state)  # before the loop below rewrites the preheaders
-    for lp in state.loops:
-        task = by_index[lp.task_index]
-        tf, live = build_task_function(state, lp, task, debug, liveness)
-        task_functions.append(tf)
+    units = {id(u.loop): u for u in state.task_plan.units if u.kind == "range_for"}
+    # every task is cut before the loop below rewrites the preheaders
+    task_functions = [build_task_function(state, units[id(lp)], debug) for lp in state.loops]
+    for lp, (tf, live) in zip(state.loops, task_functions):
+        task = tf.task
         pre = blocks[lp.preheader]
         loc = pre.body[-1].loc
         scope = pre.scope
@@ -398,15 +350,20 @@ def build_driver(state, debug: bool):
     for lp in state.loops:
         for lbl in lp.body:
             blocks.pop(lbl, None)
-    params = list(state.runtime_params) + [f"__qd_field_{k}" for k in range(len(state.hidden))]
-    stub = exec_stub(_identifier(state.kernel_name), params)
-    driver = derive_ir(state, stub, dict(blocks), params, stable_id=next(_symbol_ids))
-    return driver, task_functions
+    driver = whole_kernel_ir(state, _identifier(state.kernel_name), stable_id=next(_symbol_ids))
+    return driver, [tf for tf, _ in task_functions]
 
 
 def _identifier(name: str) -> str:
     clean = "".join(ch if ch.isalnum() else "_" for ch in name.split(".")[-1])
     return clean if clean and not clean[0].isdigit() else f"k_{clean}"
+
+
+def kernel_compiler(argtypes, debug: bool):
+    """Numba's compiler for the whole kernel with these argument types, for the kernel's one type
+    inference (passes/task_types.py; it runs the compiler's pipeline up to typing)."""
+    return compiler.Compiler(cpu_target.typing_context, cpu_target.target_context, None, tuple(argtypes), None,
+                             compile_flags(debug, entry=True), {})
 
 
 def compile_driver(driver_ir, argtypes, task_functions, debug: bool):

@@ -33,6 +33,7 @@ from ..frontend.keys import artifact_key
 from ..generated_code import exec_generated
 from ..matrix import matrix_argument
 from ..passes.base import IRTools
+from ..passes.task_types import type_tasks
 from . import cpu
 from .base import KernelBackend, Target
 from .untyped import untyped_compile
@@ -197,10 +198,12 @@ class CpuKernel(KernelBackend):
         try:
             state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates, cpu.CODEGEN_STAGES)
             cfg, runtime_params = state.config, state.runtime_params
-            with profiler.stage("task split"):
-                driver, task_functions = cpu.build_driver(state, cfg.debug)
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
+            with profiler.stage("task typing"):
+                type_tasks(state, cpu.kernel_compiler(argtypes, cfg.debug))
+            with profiler.stage("task split"):
+                driver, task_functions = cpu.build_driver(state, cfg.debug)
             with profiler.stage("typing + lowering", llvm=True):
                 cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
             if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)

@@ -22,12 +22,12 @@ import numpy as np
 from numba.core import types
 
 from ... import config, profiler
-from ...errors import QuadrantsRuntimeError
 from ...field import Ndarray
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
 from ...lowering.raising import device_exception
+from ...passes.task_ir import cut_task
 from . import tasks as cuda_tasks
 from .arrays import _view_type
 from .runtime import (
@@ -41,8 +41,10 @@ from .runtime import (
     native_timed_launcher,
 )
 
-CODEGEN_STAGES = ("split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
-                  "(targets/cuda/tasks.py)",
+CODEGEN_STAGES = ("task typing: the kernel typed once with numba-cuda's typing context, each Task given its "
+                  "types (passes/task_types.py)",
+                  "split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
+                  "(passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
                   "per task: numba-cuda typing + lowering, NVVM, nvJitLink -> cubin (targets/cuda/compile.py)",
                   "launch plan: cubins loaded, parameters pre-packed, host iteration counts (targets/cuda/plan.py)")
 
@@ -322,28 +324,32 @@ def compile_state(kernel, param_types, templates):
 
 
 def compile_tasks(kernel, state, cc, field_slot):
-    """Compile every task kernel to a cubin, in program order. Returns (plan_ir, [(unit, compiled)])."""
+    """Compile every task kernel to a cubin. The kernel is typed once (its Tasks carry the
+    types), so each task compiles on its own. Returns (plan_ir, [(unit, task IR, compiled)],
+    Numba type of each value passed through a temporary, the return value's as "$qd_return")."""
     from .compile import compile_task_to_cubin
 
     plan_ir = state.task_plan
-    temp_types, out = {}, []
     debug = config.current.debug
+    with profiler.stage("task typing"):
+        argtypes = [state.param_types[n] for n in state.runtime_params] + [field_token(f).ty for f in state.hidden]
+        cuda_tasks.type_kernel(state, argtypes, cc)
+    abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot)
+    out = []
     for unit in plan_ir.units:
         with profiler.stage("task split"):
-            tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
+            tk = cut_task(state, unit, abi)
         if config.current.print_ir:
             import sys
 
             print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
             tk.func_ir.dump()
-        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.runtime_args]
+        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
         compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
-        typemap = compiled.typemap or {}
-        for name in unit.stores:
-            temp_types[name] = _lookup_type(typemap, name, unit.task)
-        if unit.ret_var is not None:
-            temp_types["$qd_return"] = _lookup_type(typemap, unit.ret_var, unit.task)
         out.append((unit, tk, compiled))
+    temp_types = {name: unit.types[name] for unit in plan_ir.units for name in unit.stores}
+    if plan_ir.ret_slot is not None:
+        temp_types["$qd_return"] = plan_ir.return_type
     return plan_ir, out, temp_types
 
 
@@ -383,15 +389,6 @@ def host_totals(kernel, state, param_types, units):
     return None, fn(())
 
 
-def _lookup_type(typemap, name, task):
-    if name in typemap:
-        return types.unliteral(typemap[name])
-    versions = [t for n, t in typemap.items() if n.split(".")[0] == name]
-    if versions:
-        return types.unliteral(versions[-1])
-    raise QuadrantsRuntimeError(f"internal error: no type for '{name}' in {task.name}")
-
-
 def plan_types(kernel, args, views):
     """(runtime parameter name -> Numba type, template name -> value) of a call's arguments."""
     param_types, templates = {}, {}
@@ -419,7 +416,7 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     tmp_dev = rt.cuda.device_array(tmp_bytes, np.uint8)
     cells[cuda_tasks.PARAM_TMP] = [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]
     for _, tk, c in compiled:
-        for name in tk.runtime_args:
+        for name in tk.params:
             if name not in cells:  # same Numba type in every task -> same slots
                 cells[name] = [_CTYPES[s.fmt]() for s in c.param_layout if s.arg_name == name]
     launches = []
@@ -427,7 +424,7 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     for unit, tk, c in compiled:
         with profiler.stage("module load"):
             module, fn = rt.load_function(c.cubin, c.entry_name)
-        order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP] + tk.runtime_args
+        order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP] + tk.params
         ptrs = [ctypes.addressof(cell) for name in order for cell in cells[name]]
         argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         if unit.kind == "range_for" and not unit.task.serialize:

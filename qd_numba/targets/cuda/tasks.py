@@ -1,10 +1,11 @@
-"""Build the GPU task kernels (numba-cuda IR) of a planned kernel.
+"""The GPU task kernels of a planned kernel: the CUDA hooks of the task cutter, and the kernel's
+one type inference with numba-cuda's typing context.
 
-Input: the kernel IR after the untyped pipeline, built with numba-cuda's IR classes, and its
-:class:`~qd_numba.passes.plan_tasks.TaskPlan` (which tasks exist, which values they recompute,
-load from or store to temporaries). Every range-for task becomes a grid-stride kernel over its
-iteration space; a serial task becomes a single-thread kernel. Every task kernel has the same
-leading parameters, ``(ctx, tmp)`` (see lowering/device.py), followed by the runtime
+The task cutter (passes/task_ir.py) cuts each unit of the kernel's
+:class:`~qd_numba.passes.plan_tasks.TaskPlan` out of the kernel IR (numba-cuda's IR classes);
+:class:`CudaTaskABI` says what a task kernel looks like. Every range-for task becomes a grid-stride
+kernel over its iteration space; a serial task becomes a single-thread kernel. Every task kernel
+has the same leading parameters, ``(ctx, tmp)`` (see lowering/device.py), followed by the runtime
 parameters it reads.
 
 The plan's pure slices, translated to Python, give the host each loop's iteration count for an
@@ -13,158 +14,96 @@ exact grid (``totals_source``), with no device round trip.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import operator
 
 from ...lowering import device, spaces
-from ...passes.base import MISSING, derive_ir, exec_stub, try_static
-from ...passes.ir_builder import emit_call, retarget, successors
-from ...passes.plan_tasks import Unit, _assignments, _dedupe, _Slicer, _value_vars
+from ...passes.base import MISSING, try_static
+from ...passes.plan_tasks import _assignments, _dedupe, _Slicer, _value_vars
+from ...passes.task_ir import TaskABI
+from ...passes.task_types import type_tasks
 
 PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
 
 
 # -- task kernel IR ------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class TaskKernelIR:
-    unit: Unit
-    func_ir: object
-    runtime_args: list          # runtime param names the kernel takes after (ctx, tmp)
+class CudaTaskABI(TaskABI):
+    """A task kernel: ``(ctx, tmp, *runtime args it reads)``; fields come from the context's
+    field table, values of serial code from temporaries (typed by the kernel's one type
+    inference, ``unit.types``) or recomputed; a range-for is a grid-stride loop over its flat
+    index; a serial task stores its live-outs and the kernel's return value in temporaries."""
 
+    leading_params = (PARAM_CTX, PARAM_TMP)
+    recomputes = True
 
-def build_task_ir(state, unit: Unit, temp_types: dict, field_slot, field_token, ret_slot):
-    """The numba-cuda FunctionIR of one task kernel.
+    def __init__(self, state, field_slot, field_token, ret_slot):
+        self.field_slot, self.field_token, self.ret_slot = field_slot, field_token, ret_slot
+        ir = state.ir
+        entry = state.func_ir.blocks[min(state.func_ir.blocks)]
+        # (variable, hidden field or None) per kernel parameter, in order: found once per kernel
+        bindings = [s for s in entry.body if isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg)]
+        self.args = [(s.target.name, state.hidden_by_arg_index(s.value.index))
+                     for s in sorted(bindings, key=lambda s: s.value.index)]
 
-    ``temp_types``: var -> Numba type of values loaded from temporaries (known once their
-    producer compiled); ``field_slot(field) -> int`` and ``field_token(field) -> TypeToken``
-    give the context slot and type of a field."""
-    ir = state.ir
-    blocks = state.func_ir.blocks
-    scope = blocks[min(blocks)].scope
-    first_label = min(unit.labels) if unit.labels else min(blocks)
-    loc = blocks[first_label].loc
-    shift = 1  # label 0 is the new entry block
+    def parameters(self, state, unit, reads):
+        return [name for name, field in self.args if name in reads and field is None]
 
-    # copy the unit's blocks, without their Arg bindings (the prologue binds arguments)
-    body = {}
-    for lbl in unit.labels:
-        blk = copy.deepcopy(blocks[lbl])
-        blk.body = [s for s in blk.body if not (isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg))]
-        body[lbl + shift] = blk
-    recompute = [copy.deepcopy(s) for s in unit.recompute]
-    recompute = [s for s in recompute if not isinstance(s.value, ir.Arg)]
+    def bind_inputs(self, state, unit, emit, leading, reads):
+        ctx, tmp = leading
+        for name, field in self.args:
+            if field is not None and name in reads:
+                slot = emit.const(self.field_slot(field), "slot")
+                token = emit.glob(self.field_token(field), "token")
+                emit.call(device.field_from_ctx, [ctx, slot, token], emit.var(name))
+        for name, slot in sorted(unit.loads.items(), key=lambda kv: kv[1]):
+            off = emit.const(slot * device.TEMP_SLOT_BYTES, "off")
+            token = emit.glob(device.TypeToken(unit.types[name]), "token")
+            emit.call(device.temp_load, [tmp, off, token], emit.var(name))
 
-    # which arguments the task reads
-    used = set()
-    for blk in body.values():
-        for s in blk.body:
-            used.update(v.name for v in s.list_vars())
-    for s in recompute:
-        used.update(v.name for v in s.list_vars())
-    if unit.kind == "range_for":
-        used.add(unit.loop.total_var.name)
-    arg_defs = {}
-    for s in blocks[min(blocks)].body:
-        if isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg):
-            arg_defs[s.target.name] = s.value
-    runtime_args, hidden = [], []
-    for name, arg in sorted(arg_defs.items(), key=lambda kv: kv[1].index):
-        if name not in used:
-            continue
-        field = state.hidden_by_arg_index(arg.index)
-        if field is not None:
-            hidden.append((name, field))
-        else:
-            runtime_args.append(name)
+    def flat_range(self, state, unit, emit, leading):
+        start = emit.call(device.grid_start, [], emit.var("$qd_start"))
+        stride = emit.call(device.grid_stride, [], emit.var("$qd_stride"))
+        return start, emit.var(unit.loop.total_var.name), stride
 
-    params = [PARAM_CTX, PARAM_TMP] + runtime_args
-    entry = ir.Block(scope, loc)
-    ctx_v, tmp_v = ir.Var(scope, "$qd_ctx", loc), ir.Var(scope, "$qd_tmp", loc)
-    entry.body += [ir.Assign(ir.Arg(PARAM_CTX, 0, loc), ctx_v, loc), ir.Assign(ir.Arg(PARAM_TMP, 1, loc), tmp_v, loc)]
-    for k, name in enumerate(runtime_args):
-        entry.body.append(ir.Assign(ir.Arg(name, k + 2, loc), ir.Var(scope, name, loc), loc))
-
-    def call(fn, args, target):
-        return emit_call(ir, fn, args, target, loc, ir.Var(scope, f"$qd_fn_{fn.__name__}_{len(entry.body)}", loc))
-
-    def const(value, hint):
-        var = ir.Var(scope, f"$qd_c_{hint}_{len(entry.body)}", loc)
-        entry.body.append(ir.Assign(ir.Const(value, loc), var, loc))
-        return var
-
-    def glob(value, hint):
-        var = ir.Var(scope, f"$qd_g_{hint}_{len(entry.body)}", loc)
-        entry.body.append(ir.Assign(ir.Global(hint, value, loc), var, loc))
-        return var
-
-    for name, field in hidden:
-        s = const(field_slot(field), "slot")
-        t = glob(field_token(field), "token")
-        entry.body += call(device.field_from_ctx, [ctx_v, s, t], ir.Var(scope, name, loc))
-    for name, slot in sorted(unit.loads.items(), key=lambda kv: kv[1]):
-        off = const(slot * device.TEMP_SLOT_BYTES, "off")
-        t = glob(device.TypeToken(temp_types[name]), "token")
-        entry.body += call(device.temp_load, [tmp_v, off, t], ir.Var(scope, name, loc))
-    entry.body += recompute
-
-    done = ir.Block(scope, loc)
-    none = ir.Var(scope, "$qd_none", loc)
-    ret = ir.Var(scope, "$qd_ret", loc)
-    done_label = max(body, default=0) + 1
-    done.body = [ir.Assign(ir.Const(None, loc), none, loc), ir.Assign(ir.Expr.cast(none, loc), ret, loc),
-                 ir.Return(ret, loc)]
-    new_blocks = {0: entry, done_label: done}
-
-    if unit.kind == "range_for":
-        lp = unit.loop
-        start, stride = ir.Var(scope, "$qd_start", loc), ir.Var(scope, "$qd_stride", loc)
-        entry.body += call(device.grid_start, [], start) + call(device.grid_stride, [], stride)
-        rng, it = ir.Var(scope, "$qd_range_call", loc), ir.Var(scope, "$qd_iter", loc)
-        rfn = glob(range, "range")
-        entry.body += [ir.Assign(ir.Expr.call(rfn, [start, lp.total_var, stride], (), loc), rng, loc),
-                       ir.Assign(ir.Expr.getiter(rng, loc), it, loc),
-                       ir.Assign(it, ir.Var(scope, lp.iter_var.name, loc), loc),
-                       ir.Jump(lp.header + shift, loc)]
-        outside = {lp.exit: done_label}
-    else:
-        entry.body.append(ir.Jump(unit.start + shift, loc))
-        # leaving the region (to the next loop's header) ends the task: store the values later
-        # tasks read, then return
-        epilogue = ir.Block(scope, loc)
-        epi_label = done_label + 1
+    def store_live_outs(self, state, unit, emit, leading):
         for name, slot in sorted(unit.stores.items(), key=lambda kv: kv[1]):
-            off = ir.Var(scope, f"$qd_off_{slot}", loc)
-            epilogue.body.append(ir.Assign(ir.Const(slot * device.TEMP_SLOT_BYTES, loc), off, loc))
-            epilogue.body += call(device.temp_store, [tmp_v, off, ir.Var(scope, name, loc)],
-                                  ir.Var(scope, f"$qd_stored_{slot}", loc))
-        epilogue.body.append(ir.Jump(done_label, loc))
-        new_blocks[epi_label] = epilogue
-        outside = {}
-        for blk in body.values():
-            for t in successors(ir, blk):     # still the kernel's labels
-                if t not in unit.labels:
-                    outside[t] = epi_label
-    for blk in body.values():
-        retarget(ir, blk, lambda t: outside[t] if t in outside else t + shift)
-    if unit.kind == "serial":
-        for blk in body.values():
-            term = blk.body[-1]
-            if isinstance(term, ir.Return):
-                tail = []
-                if unit.returns and ret_slot is not None:
-                    off = ir.Var(scope, "$qd_off_ret", loc)
-                    tail.append(ir.Assign(ir.Const(ret_slot * device.TEMP_SLOT_BYTES, loc), off, loc))
-                    tail += call(device.temp_store, [tmp_v, off, term.value], ir.Var(scope, "$qd_stored_ret", loc))
-                    unit.ret_var = term.value.name
-                blk.body = blk.body[:-1] + tail + [ir.Jump(epi_label, term.loc)]
-    new_blocks.update(body)
-    stub = exec_stub(f"qd_{unit.task.kind}{unit.task.index}", params)
-    # a task kernel is alone in its cubin: a name from the task's content-stable uid keeps the
-    # cubin the same in every process
-    new_ir = derive_ir(state, stub, new_blocks, params, stable_id=int(unit.task.uid[:8], 16))
-    return TaskKernelIR(unit, new_ir, runtime_args)
+            off = emit.assign(state.ir.Const(slot * device.TEMP_SLOT_BYTES, emit.loc), emit.var(f"$qd_off_{slot}"))
+            emit.call(device.temp_store, [leading[1], off, emit.var(name)], emit.var(f"$qd_stored_{slot}"))
+
+    def store_return(self, state, unit, emit, leading, value):
+        if self.ret_slot is not None:
+            off = emit.assign(state.ir.Const(self.ret_slot * device.TEMP_SLOT_BYTES, emit.loc), emit.var("$qd_off_ret"))
+            emit.call(device.temp_store, [leading[1], off, value], emit.var("$qd_stored_ret"))
+
+    def function_name(self, unit):
+        return f"qd_{unit.task.kind}{unit.task.index}"
+
+    def stable_id(self, unit):
+        # a task kernel is alone in its cubin: a name from the task's content-stable uid keeps
+        # the cubin the same in every process
+        return int(unit.task.uid[:8], 16)
+
+
+def type_kernel(state, argtypes, cc) -> None:
+    """The kernel's one type inference with numba-cuda's typing context (passes/task_types.py):
+    numba-cuda's compiler for the whole kernel, its pipeline run up to typing."""
+    from numba.cuda import utils as cuda_utils
+    from numba.cuda.compiler import CUDACompiler
+    from numba.cuda.core.callconv import CUDACallConv
+    from numba.cuda.descriptor import cuda_target
+    from numba.cuda.flags import CUDAFlags
+
+    from .compile import _normalise_cc, _offline_device, install_cuda_extensions
+
+    install_cuda_extensions()
+    flags = CUDAFlags()
+    flags.no_compile = True
+    flags.error_model = "numpy"
+    with _offline_device(_normalise_cc(cc)), cuda_utils.numba_target_override():
+        gctx = cuda_target.target_context
+        compiler = CUDACompiler(cuda_target.typing_context, gctx, None, tuple(argtypes), None, flags, {},
+                                CUDACallConv(gctx), {})
+        type_tasks(state, compiler)
 
 
 # -- host-side iteration counts -------------------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""The task cutter: one planned Task's own FunctionIR, cut out of the kernel IR, for every target.
+
+Input: the kernel IR after PlanTasks, one :class:`~qd_numba.passes.plan_tasks.Unit` of its
+``state.task_plan`` (blocks, live-ins, values loaded from temporaries or recomputed, live-outs) and
+a target's :class:`TaskABI`, which decides what the target's task functions look like: their
+leading parameters, which live-ins arrive as parameters, what binds the others (a field table,
+temporaries), the flat index range a range-for walks, and how a serial task hands its live-outs
+and the kernel's return value on.
+
+Output: a :class:`TaskIR` — a FunctionIR whose entry block binds the parameters and the rest of
+the inputs, then either starts the range-for over the ABI's flat range (jumping to the loop's
+header) or enters the serial region; leaving the task returns None. Labels are the kernel's
+shifted by one (label 0 is the new entry).
+
+Cost: linear in the task's own size. Each call copies only the unit's blocks and recomputed
+statements, sharing the kernel's variable scope (``copy_ir``), and reads the live-ins PlanTasks
+found with its one liveness analysis of the kernel: no whole-kernel analysis per task.
+:data:`CUT_COUNTS` counts what cutting created and copied (tests check it grows linearly).
+Never changes the kernel IR.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import keyword
+
+from .base import copy_ir, derive_ir, exec_stub
+from .ir_builder import emit_call, retarget, successors
+from .plan_tasks import Unit
+
+CUT_COUNTS = collections.Counter()   # "statements" copied or created, "tasks" cut
+
+
+@dataclasses.dataclass
+class TaskIR:
+    unit: Unit
+    func_ir: object
+    params: list            # kernel variables the function takes after the ABI's leading parameters
+
+
+class Emitter:
+    """Statements of a block being built: fresh temporaries in the kernel's scope, calls."""
+
+    def __init__(self, ir, scope, loc, body=None):
+        self.ir, self.scope, self.loc = ir, scope, loc
+        self.body = [] if body is None else body
+
+    def var(self, name):
+        return self.ir.Var(self.scope, name, self.loc)
+
+    def temp(self, hint):
+        return self.var(f"$qd_{hint}_{len(self.body)}")
+
+    def assign(self, value, target):
+        self.body.append(self.ir.Assign(value, target, self.loc))
+        return target
+
+    def const(self, value, hint):
+        return self.assign(self.ir.Const(value, self.loc), self.temp(f"c_{hint}"))
+
+    def glob(self, value, hint):
+        return self.assign(self.ir.Global(hint, value, self.loc), self.temp(f"g_{hint}"))
+
+    def call(self, fn, args, target):
+        self.body += emit_call(self.ir, fn, args, target, self.loc, self.temp(f"fn_{fn.__name__}"))
+        return target
+
+
+class TaskABI:
+    """A target's task functions (the cutter's hooks). The defaults: every live-in a parameter."""
+
+    leading_params: tuple = ()      # parameters before the live-ins (names the ABI binds itself)
+    recomputes = False              # emit the plan's recomputed statements (else they are live-ins)
+
+    def parameters(self, state, unit, reads) -> list:
+        """The kernel variables that become parameters, in order. ``reads``: every variable the
+        task's code reads (its blocks, recomputed statements, the loop's iteration count)."""
+        return list(unit.live_ins)
+
+    def bind_inputs(self, state, unit, emit: Emitter, leading: list, reads: set) -> None:
+        """Statements binding inputs that are not parameters (``leading``: the leading params' vars)."""
+
+    def flat_range(self, state, unit, emit: Emitter, leading: list):
+        """``(start, stop, step)`` variables of the range a range-for task's flat index walks
+        (``step`` None: 1)."""
+        raise NotImplementedError
+
+    def store_live_outs(self, state, unit, emit: Emitter, leading: list) -> None:
+        """A serial task's exit: store what later tasks read."""
+
+    def store_return(self, state, unit, emit: Emitter, leading: list, value) -> None:
+        """A serial task's ``return value`` of the kernel."""
+
+    def function_name(self, unit) -> str:
+        return f"qd_task{unit.task.index}"
+
+    def stable_id(self, unit) -> int | None:
+        return None
+
+
+def _param_name(var_name: str, k: int, taken) -> str:
+    if var_name.isidentifier() and not keyword.iskeyword(var_name) and var_name not in taken:
+        return var_name
+    clean = "".join(ch if ch.isalnum() else "_" for ch in var_name)
+    return f"v{k}_{clean}"
+
+
+def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
+    """The FunctionIR of one planned unit on the target ``abi`` describes (module docstring)."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    scope = blocks[min(blocks)].scope
+    first = unit.loop.header if unit.kind == "range_for" else unit.start
+    loc = blocks[first].loc
+    shift = 1  # label 0 is the new entry block
+
+    # the unit's blocks (and recomputed statements), copied once, sharing the kernel's scope;
+    # argument bindings are the entry's job
+    copied = copy_ir(ir, {lbl: blocks[lbl] for lbl in unit.labels})
+    body = {}
+    for lbl, blk in copied.items():
+        blk.body = [s for s in blk.body if not (isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg))]
+        body[lbl + shift] = blk
+    recompute = []
+    if abi.recomputes and unit.recompute:
+        holder = ir.Block(scope, loc)
+        holder.body = list(unit.recompute)
+        recompute = [s for s in copy_ir(ir, holder).body if not isinstance(s.value, ir.Arg)]
+
+    reads = set()
+    for blk in body.values():
+        for s in blk.body:
+            reads.update(v.name for v in s.list_vars())
+    for s in recompute:
+        reads.update(v.name for v in s.list_vars())
+    if unit.kind == "range_for":
+        reads.add(unit.loop.total_var.name)
+    live = abi.parameters(state, unit, reads)
+    leading = list(abi.leading_params)
+    params = leading + [_param_name(name, k, leading) for k, name in enumerate(live)]
+
+    emit = Emitter(ir, scope, loc)
+    lead_vars = [emit.assign(ir.Arg(p, k, loc), emit.var(f"${p}")) for k, p in enumerate(leading)]
+    for k, name in enumerate(live):
+        emit.assign(ir.Arg(params[len(leading) + k], len(leading) + k, loc), emit.var(name))
+    abi.bind_inputs(state, unit, emit, lead_vars, reads)
+    emit.body += recompute
+
+    done = Emitter(ir, scope, loc)
+    none = done.assign(ir.Const(None, loc), done.var("$qd_none"))
+    ret = done.assign(ir.Expr.cast(none, loc), done.var("$qd_ret"))
+    done.body.append(ir.Return(ret, loc))
+    done_label = max(body, default=0) + 1
+    new_blocks = {0: ir.Block(scope, loc), done_label: ir.Block(scope, loc)}
+    new_blocks[done_label].body = done.body
+
+    if unit.kind == "range_for":
+        lp = unit.loop
+        start, stop, step = abi.flat_range(state, unit, emit, lead_vars)
+        rng = emit.glob(range, "range")
+        call = emit.assign(ir.Expr.call(rng, [start, stop] + ([step] if step is not None else []), (), loc),
+                           emit.var("$qd_range_call"))
+        it = emit.assign(ir.Expr.getiter(call, loc), emit.var("$qd_iter"))
+        emit.assign(it, emit.var(lp.iter_var.name))
+        emit.body.append(ir.Jump(lp.header + shift, loc))
+        outside = {lp.exit: done_label}
+    else:
+        emit.body.append(ir.Jump(unit.start + shift, loc))
+        # leaving the region (to the next loop's header) ends the task: store the values later
+        # tasks read, then return
+        epi_label = done_label + 1
+        epilogue = Emitter(ir, scope, loc)
+        abi.store_live_outs(state, unit, epilogue, lead_vars)
+        epilogue.body.append(ir.Jump(done_label, loc))
+        new_blocks[epi_label] = ir.Block(scope, loc)
+        new_blocks[epi_label].body = epilogue.body
+        outside = {t: epi_label for blk in body.values() for t in successors(ir, blk) if t not in unit.labels}
+    for blk in body.values():
+        retarget(ir, blk, lambda t: outside[t] if t in outside else t + shift)
+    if unit.kind == "serial":
+        for blk in body.values():
+            term = blk.body[-1]
+            if isinstance(term, ir.Return):
+                tail = Emitter(ir, scope, term.loc)
+                if unit.returns:
+                    unit.ret_var = term.value.name
+                    abi.store_return(state, unit, tail, lead_vars, term.value)
+                blk.body = blk.body[:-1] + tail.body + [ir.Jump(epi_label, term.loc)]
+    new_blocks[0].body = emit.body
+    new_blocks.update(body)
+    CUT_COUNTS["tasks"] += 1
+    CUT_COUNTS["statements"] += sum(len(b.body) for b in new_blocks.values())
+    stub = exec_stub(abi.function_name(unit), params)
+    return TaskIR(unit, derive_ir(state, stub, new_blocks, params, stable_id=abi.stable_id(unit)), live)

@@ -1,0 +1,202 @@
+"""The task cutter (passes/task_ir.py) and typed Tasks (passes/task_types.py), on both targets:
+cutting is linear in the kernel's size and runs no whole-kernel analysis per task; every Task
+carries the types of its variables, equal to what each target lowers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from numba.core import compiler, types
+from numba.core.registry import cpu_target
+
+import qd_numba as qd
+from qd_numba.frontend.args import field_type
+from qd_numba.passes.base import IRTools
+from qd_numba.passes.task_ir import CUT_COUNTS, cut_task
+from qd_numba.targets import cpu
+from qd_numba.targets.cuda.compile import numba_cuda_importable
+from qd_numba.targets.untyped import untyped_compile
+
+needs_cuda = pytest.mark.skipif(not numba_cuda_importable(), reason="needs numba-cuda")
+
+
+def _k_loop_kernel(k: int):
+    """A kernel of ``k`` top-level loops, each a few float ops on its own pair of fields (the
+    compile-time benchmark's shape), with a value from serial code between loops."""
+    fields = [(qd.field(qd.f32, shape=(16,)), qd.field(qd.f32, shape=(16,))) for _ in range(k)]
+    lines = ["def k_loops(s: qd.f32):"]
+    for j in range(k):
+        lines += [f"    m{j} = a{j}[0] * s",
+                  "    for i in range(16):",
+                  f"        b{j}[i] = a{j}[i] * m{j} + 1.0"]
+    ns = {"qd": qd}
+    for j, (a, b) in enumerate(fields):
+        ns[f"a{j}"], ns[f"b{j}"] = a, b
+    exec("\n".join(lines) + "\n", ns)
+    return qd.kernel(ns["k_loops"]), fields
+
+
+class _CountingAnalysis:
+    """Numba's analysis module, counting the whole-function analyses it is asked for."""
+
+    def __init__(self, analysis):
+        self._analysis, self.calls = analysis, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self._analysis, name)
+        if name.startswith("compute_"):
+            def counted(*args, **kwargs):
+                self.calls += 1
+                return fn(*args, **kwargs)
+            return counted
+        return fn
+
+
+def _cpu_state(kernel, param_types, templates=None):
+    state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates or {})
+    argtypes = [param_types[n] for n in state.runtime_params] + [field_type(f, False) for f in state.hidden]
+    from qd_numba.passes.task_types import type_tasks
+
+    type_tasks(state, cpu.kernel_compiler(argtypes, False))
+    return state
+
+
+def _cuda_state(kernel, param_types, templates=None):
+    from qd_numba.targets.cuda import plan as qc
+    from qd_numba.targets.cuda import tasks as cuda_tasks
+
+    state = qc.compile_state(kernel, param_types, templates or {})
+    argtypes = [param_types[n] for n in state.runtime_params] + [qc.field_token(f).ty for f in state.hidden]
+    cuda_tasks.type_kernel(state, argtypes, (9, 0))
+    return state
+
+
+def _cuda_abi(state):
+    from qd_numba.targets.cuda import plan as qc
+    from qd_numba.targets.cuda import tasks as cuda_tasks
+
+    return cuda_tasks.CudaTaskABI(state, qc.kernel_field_slots(state), qc.field_token, state.task_plan.ret_slot)
+
+
+def _cut_all(state, abi, units):
+    """Cut every unit; (statements created or copied, whole-kernel analyses run, the cuts)."""
+    counting = _CountingAnalysis(state.tools.analysis)
+    state.tools = dataclasses.replace(state.tools, analysis=counting)
+    before = CUT_COUNTS["statements"]
+    cuts = [cut_task(state, unit, abi) for unit in units]
+    return CUT_COUNTS["statements"] - before, counting.calls, cuts
+
+
+@pytest.mark.no_cuda_compile_check   # the CUDA cut is checked here directly
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_cutting_is_linear_in_the_number_of_loops(target, rng):
+    per_task, sizes = [], (3, 6, 12)
+    for k in sizes:
+        kernel, fields = _k_loop_kernel(k)
+        if target == "cpu":
+            state = _cpu_state(kernel, {"s": types.float32})
+            abi, units = cpu.CPU_TASK_ABI, [u for u in state.task_plan.units if u.kind == "range_for"]
+        else:
+            state = _cuda_state(kernel, {"s": types.float32})
+            abi, units = _cuda_abi(state), state.task_plan.units
+        statements, analyses, cuts = _cut_all(state, abi, units)
+        assert analyses == 0                  # the plan's one liveness analysis is reused
+        scope = state.func_ir.blocks[min(state.func_ir.blocks)].scope
+        # blocks are copied sharing the kernel's scope: no per-block copy of every variable
+        assert all(blk.scope is scope for cut in cuts for blk in cut.func_ir.blocks.values())
+        assert len([u for u in units if u.kind == "range_for"]) == k
+        per_task.append(statements / k)
+        if k != sizes[0]:
+            continue
+        # the kernel computes what numpy does (the CPU compile cuts the same way)
+        a_data = [rng.uniform(-1, 1, 16).astype(np.float32) for _ in range(k)]
+        for (a, _), d in zip(fields, a_data):
+            a.from_numpy(d)
+        kernel(0.5)
+        for (_, b), d in zip(fields, a_data):
+            np.testing.assert_allclose(b.to_numpy(), d * (d[0] * np.float32(0.5)) + 1.0, rtol=1e-5)
+    # statements per task do not grow with the number of tasks
+    assert max(per_task) <= min(per_task) * 1.1
+
+
+def _version_types(typemap, names):
+    """kernel variable -> set of (widened) types of its SSA versions (``x``, ``x.1``, ...) in a
+    task function's typemap."""
+    out = {}
+    for full, ty in typemap.items():
+        base = full
+        while base not in names and "." in base:
+            base = base.rsplit(".", 1)[0]
+        if base in names:
+            out.setdefault(base, set()).add(types.unliteral(ty))
+    return out
+
+
+xs = qd.field(qd.f32, shape=(32,))
+total = qd.field(qd.f32, shape=())
+
+
+@qd.kernel
+def mixed(a: qd.types.ndarray(dtype=qd.f64, ndim=1), k: qd.f32) -> qd.f32:
+    total[None] = 0.0
+    s = xs[0] * k
+    for i in xs:
+        total[None] += xs[i] * s
+    for i, j in qd.ndrange(4, 8):        # the same name `i`, another type per task
+        a[i * 8 + j] = a[i * 8 + j] * 2.0 + s
+    return total[None] + 1.0
+
+
+def _check_types(unit, typemap):
+    found = _version_types(typemap, set(unit.types))
+    assert found, unit.task.name
+    for name, tys in found.items():
+        assert tys == {unit.types[name]}, (unit.task.name, name, tys, unit.types[name])
+    assert unit.task.types is unit.types
+    return found
+
+
+def test_tasks_carry_the_types_the_cpu_lowers(rng):
+    param_types = {"a": types.Array(types.float64, 1, "C"), "k": types.float32}
+    state = _cpu_state(mixed, param_types)
+    units = state.task_plan.units
+    assert [u.kind for u in units] == ["serial", "range_for", "range_for", "serial"]
+    assert units[0].types["s"] == types.float32 and units[1].types["s"] == types.float32
+    assert units[1].types["i"] == types.int64 and units[2].types["i"] == types.int64
+    for unit in units[1:3]:   # each range-for's task function, typed from its live-ins' types only
+        cut = cut_task(state, unit, cpu.CPU_TASK_ABI)
+        argtypes = (types.intp, types.intp, *(unit.types[n] for n in cut.params))
+        flags = cpu.compile_flags(False, entry=False)
+        flags.no_compile = True
+        cres = compiler.compile_ir(cpu_target.typing_context, cpu_target.target_context, cut.func_ir, argtypes,
+                                   types.none, flags, {})
+        found = _check_types(unit, cres.fndesc.typemap)
+        assert set(cut.params) <= set(found)
+    # and the kernel runs as numpy computes it
+    d = rng.uniform(0, 1, 32).astype(np.float32)
+    xs.from_numpy(d)
+    a = rng.uniform(-1, 1, 32)
+    s = np.float32(d[0] * np.float32(3.0))
+    ref_a = a * 2.0 + np.float64(s)
+    got = mixed(a, 3.0)
+    assert got == pytest.approx(float(np.sum(d.astype(np.float64) * s)) + 1.0, rel=1e-5)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-6)
+
+
+@needs_cuda
+def test_tasks_carry_the_types_cuda_lowers():
+    from qd_numba.targets.cuda import plan as qc
+
+    param_types = {"a": types.Array(types.float64, 1, "C"), "k": types.float32}
+    state = qc.compile_state(mixed, param_types, {})
+    _, compiled, temp_types = qc.compile_tasks(mixed, state, (9, 0), qc.kernel_field_slots(state))
+    assert [u.kind for u, _, _ in compiled] == ["serial", "range_for", "range_for", "serial"]
+    for unit, _, c in compiled:
+        found = _check_types(unit, c.typemap)
+        assert set(unit.loads) <= set(found) and set(unit.stores) <= set(found)
+    assert temp_types["s"] == types.float32
+    assert temp_types["$qd_return"] == state.task_plan.return_type == types.float64
+    # the Task list (what kernel.tasks() returns) carries the same types
+    assert [t.types for t in state.tasks] == [u.types for u, _, _ in compiled]

@@ -86,6 +86,7 @@ def _run(tree, args, program):
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree)] + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p and os.path.abspath(p) != os.path.abspath(".")])
     env["NUMBA_CACHE_DIR"] = f"/tmp/qd_bench_nocache_{os.getpid()}"
+    env["QD_OFFLINE_CACHE"] = "0"  # cold compiles must stay cold in every round
     out = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env,
                          timeout=900, cwd="/tmp")
     if out.returncode != 0:

@@ -461,8 +461,9 @@ def clean(root: str, cfg=None) -> None:
 
 def cpu_payload(cres, tasks, hidden_paths) -> tuple:
     """What a CPU entry stores: the compiled driver as Numba caches it (object code, function
-    descriptor, environments), the Tasks and the hidden-field paths."""
-    return cres._reduce(), list(tasks), hidden_paths
+    descriptor, environments), the Tasks (without their Numba types, which are compile-time
+    data and do not pickle) and the hidden-field paths."""
+    return cres._reduce(), [dataclasses.replace(t, types=None) for t in tasks], hidden_paths
 
 
 def cpu_rebuild(payload) -> tuple:

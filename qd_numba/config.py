@@ -71,6 +71,7 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
+    compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -95,12 +96,15 @@ def config_from_env(**overrides) -> Config:
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
         kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
+        compile_threads=env_int("QD_COMPILE_THREADS", 0),
         log_level=log_level(os.environ["QD_LOG_LEVEL"]) if os.environ.get("QD_LOG_LEVEL", "").strip() else None,
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):
             raise TypeError(f"qd.init() got an unknown option {key!r}")
         setattr(cfg, key, log_level(value) if key == "log_level" and value is not None else value)
+    if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
+        raise ValueError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 (0: one per CPU core)")
     return cfg
 
 

@@ -324,28 +324,31 @@ def compile_state(kernel, param_types, templates):
 
 def compile_tasks(kernel, state, cc, field_slot):
     """Compile every task kernel to a cubin, in program order. Returns (plan_ir, [(unit, compiled)])."""
-    from .compile import compile_task_to_cubin
+    from .compile import DeviceCodegen, lower_task
 
     plan_ir = state.task_plan
-    temp_types, out = {}, []
+    temp_types, lowered = {}, []
     debug = config.current.debug
-    for unit in plan_ir.units:
-        with profiler.stage("task split"):
-            tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
-        if config.current.print_ir:
-            import sys
+    # NVVM + nvJitLink of each task run on a pool while the next task lowers (compile.py)
+    with DeviceCodegen(config.current.compile_threads) as codegen:
+        for unit in plan_ir.units:
+            with profiler.stage("task split"):
+                tk = cuda_tasks.build_task_ir(state, unit, temp_types, field_slot, field_token, plan_ir.ret_slot)
+            if config.current.print_ir:
+                import sys
 
-            print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
-            tk.func_ir.dump()
-        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.runtime_args]
-        compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
-        typemap = compiled.typemap or {}
-        for name in unit.stores:
-            temp_types[name] = _lookup_type(typemap, name, unit.task)
-        if unit.ret_var is not None:
-            temp_types["$qd_return"] = _lookup_type(typemap, unit.ret_var, unit.task)
-        out.append((unit, tk, compiled))
-    return plan_ir, out, temp_types
+                print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
+                tk.func_ir.dump()
+            argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.runtime_args]
+            task = lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
+            codegen.submit(task)
+            for name in unit.stores:
+                temp_types[name] = _lookup_type(task.typemap, name, unit.task)
+            if unit.ret_var is not None:
+                temp_types["$qd_return"] = _lookup_type(task.typemap, unit.ret_var, unit.task)
+            lowered.append((unit, tk))
+        compiled = codegen.results()
+    return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
 
 
 def kernel_field_slots(state):

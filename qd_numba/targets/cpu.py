@@ -27,6 +27,7 @@ from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import copy_ir, derive_ir, exec_stub
+from ..passes.liveness import Liveness
 from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
 CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for "
@@ -302,11 +303,9 @@ class _Liveness:
     entry of each block, and the blocks that assign each variable."""
 
     def __init__(self, state):
-        ir, analysis = state.ir, state.tools.analysis
+        ir = state.ir
         blocks = state.func_ir.blocks
-        cfg = analysis.compute_cfg_from_blocks(blocks)
-        usedefs = analysis.compute_use_defs(blocks)
-        self.live_map = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
+        self.liveness = Liveness(state.tools.analysis, ir, blocks)   # linear in the IR (passes/liveness.py)
         self.assigned_in = {}
         for lbl, block in blocks.items():
             for stmt in block.body:
@@ -320,8 +319,8 @@ class _Liveness:
         value for it."""
         usedefs = state.tools.analysis.compute_use_defs({lbl: state.func_ir.blocks[lbl] for lbl in lp.body})
         used = set().union(*usedefs.usemap.values()) if usedefs.usemap else set()
-        live = set(self.live_map.get(lp.header, ()))
-        return sorted(name for name in used & live if name != lp.iter_var.name
+        live = self.liveness.live_at(lp.header, used)   # used in the body: reachable from the header
+        return sorted(name for name in live if name != lp.iter_var.name
                       and not self.assigned_in.get(name, set()) <= lp.body)
 
 

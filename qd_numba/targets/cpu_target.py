@@ -35,7 +35,7 @@ from ..matrix import matrix_argument
 from ..passes.base import IRTools
 from . import cpu
 from .base import KernelBackend, Target
-from .untyped import untyped_compile
+from .untyped import gc_paused, untyped_compile
 
 
 class Instance:
@@ -178,7 +178,8 @@ class CpuKernel(KernelBackend):
 
     # -- compilation ---------------------------------------------------------------------------------
     def compile(self, param_types, templates) -> Instance:
-        with profiler.compiling(self.kernel.qualname, "cpu"):  # compile records and log (profiler.py)
+        # compile records and log (profiler.py); no GC pauses in the middle of a compile
+        with gc_paused(), profiler.compiling(self.kernel.qualname, "cpu"):
             return self._compile(param_types, templates)
 
     def _compile(self, param_types, templates) -> Instance:

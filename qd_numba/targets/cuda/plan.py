@@ -28,6 +28,7 @@ from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
 from ...lowering.raising import device_exception
+from ..untyped import gc_paused
 from . import tasks as cuda_tasks
 from .arrays import _view_type
 from .runtime import (
@@ -364,7 +365,7 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
     tasks; raises what a real CUDA compile would raise."""
-    with profiler.compiling(kernel.qualname, "cuda (compile check)"):
+    with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
         _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
         host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too

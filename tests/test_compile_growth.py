@@ -314,3 +314,36 @@ def test_gc_paused_across_threads():
     release.set()
     worker.join(10)
     assert gc.isenabled()
+
+
+# -- process start ---------------------------------------------------------------------------------------
+
+
+def test_a_cpu_process_never_imports_numba_cuda(rng):
+    """``import qd_numba`` and a CPU kernel's compile and call do not import numba-cuda (~300 ms
+    of imports, ~400 ms of typing registries at its first kernel): only arch=cuda and the CUDA
+    compile check do."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "import qd_numba as qd\n"
+        "assert 'numba.cuda' not in sys.modules, 'import'\n"
+        "qd.init(arch=qd.cpu)\n"
+        "x = qd.field(qd.f32, shape=(8,))\n"
+        "@qd.kernel\n"
+        "def double(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):\n"
+        "    for i in range(8):\n"
+        "        x[i] = a[i] * 2.0\n"
+        "a = np.array(sys.argv[1:], dtype=np.float32)\n"
+        "double(a)\n"
+        "assert np.allclose(x.to_numpy(), a * 2), 'result'\n"
+        "assert 'numba.cuda' not in sys.modules, 'first kernel'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("QD_CUDA_COMPILE_CHECK", "QD_ARCH")}
+    values = [repr(float(v)) for v in rng.uniform(-1, 1, 8)]
+    proc = subprocess.run([sys.executable, "-c", code, *values], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -91,6 +91,7 @@ class Config:
     offline_cache_max_size_of_files: int = 100 * 1024 * 1024   # QD_OFFLINE_CACHE_MAX_SIZE_OF_FILES: bytes
     offline_cache_cleaning_policy: str = "lru"   # QD_OFFLINE_CACHE_CLEANING_POLICY: lru | fifo | version | never
     offline_cache_cleaning_factor: float = 0.25  # QD_OFFLINE_CACHE_CLEANING_FACTOR: share removed when over the size
+    compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -122,6 +123,7 @@ def config_from_env(**overrides) -> Config:
         offline_cache_max_size_of_files=env_int("QD_OFFLINE_CACHE_MAX_SIZE_OF_FILES", 100 * 1024 * 1024),
         offline_cache_cleaning_policy=os.environ.get("QD_OFFLINE_CACHE_CLEANING_POLICY", "lru").strip().lower(),
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
+        compile_threads=env_int("QD_COMPILE_THREADS", 0),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):
@@ -130,6 +132,9 @@ def config_from_env(**overrides) -> Config:
     if cfg.offline_cache_cleaning_policy not in CLEANING_POLICIES:
         raise QuadrantsConfigError(f"offline_cache_cleaning_policy={cfg.offline_cache_cleaning_policy!r}: "
                                    f"expected one of {', '.join(CLEANING_POLICIES)}")
+    if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
+        raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
+                                   "(0: one per CPU core)")
     return cfg
 
 

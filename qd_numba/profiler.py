@@ -477,6 +477,9 @@ class CompileRecord:
     start_ns: int
     seconds: float = 0.0
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
+    # seconds worked on other threads (CUDA: NVVM, nvJitLink on the device-codegen pool), per
+    # stage; they overlap the stages, which split the compiling thread's time
+    threads: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         stages = ", ".join(f"{name} {sec:.3f} s" for name, sec in self.stages.items())
@@ -558,6 +561,18 @@ def stage(name: str, *, llvm: bool = False):
         stages["LLVM"] = stages.get("LLVM", 0.0) + listener.duration
     else:
         stages[name] = stages.get(name, 0.0) + seconds
+
+
+def add_stage_time(name: str, seconds: float, *, background: float = 0.0) -> None:
+    """Add ``seconds`` of the compiling thread to stage ``name`` of the compile open in this
+    thread (if any), and ``background`` seconds that other threads worked for it."""
+    stack = getattr(_open, "stack", None)
+    if not stack:
+        return
+    record = stack[-1]
+    record.stages[name] = record.stages.get(name, 0.0) + seconds
+    if background:
+        record.threads[name] = record.threads.get(name, 0.0) + background
 
 
 def _report_compile(record: CompileRecord, outermost: bool) -> None:

@@ -31,6 +31,7 @@ from .base import MISSING, argument_of, try_static
 from .bounds import task_bounds
 from .dead_code import remove_dead_pure
 from .fold_static import bypass_jump_only_headers, loop_shape
+from .liveness import Liveness
 from .plan_tasks import launched_headers, task_prefix
 
 
@@ -128,18 +129,16 @@ class Offload:
 
     def _check_live_outs(self, state):
         """Locals assigned in a parallel loop are per-thread: reading them afterwards is an error."""
-        ir, analysis = state.ir, state.tools.analysis
+        ir = state.ir
         blocks = state.func_ir.blocks
-        cfg = analysis.compute_cfg_from_blocks(blocks)
-        usedefs = analysis.compute_use_defs(blocks)
-        live_map = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
+        liveness = Liveness(state.tools.analysis, ir, blocks)   # one for the kernel, linear in its IR
         for lp in state.loops:
             defined = {}
             for lbl in lp.body:
                 for stmt in blocks[lbl].body:
                     if isinstance(stmt, ir.Assign) and not state.is_temp(stmt.target):
                         defined.setdefault(stmt.target.name, stmt.loc)
-            leaked = sorted(set(defined) & set(live_map.get(lp.exit, ())))
+            leaked = sorted(liveness.live_at(lp.exit, defined))   # assigned in the body: never pinned
             if leaked:
                 raise state.error(
                     QuadrantsSyntaxError,

@@ -29,6 +29,7 @@ from ..task import Task
 from .accesses import BodyAccesses, resource_name, serial_definitions
 from .base import is_global_data, try_static
 from .ir_builder import op_traits, successors
+from .liveness import Liveness
 
 
 def task_prefix(state) -> str:
@@ -128,14 +129,6 @@ def _assignments(state):
             if isinstance(stmt, ir.Assign):
                 out.setdefault(stmt.target.name, []).append((lbl, stmt))
     return out
-
-
-def _live_map(state):
-    analysis = state.tools.analysis
-    blocks = state.func_ir.blocks
-    cfg = analysis.compute_cfg_from_blocks(blocks)
-    usedefs = analysis.compute_use_defs(blocks)
-    return analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap)
 
 
 def _all_uses(state, labels):
@@ -264,7 +257,7 @@ def plan(state, returns_value: bool) -> TaskPlan:
         if unit.kind == "serial":
             for lbl in unit.labels:
                 region_of[lbl] = unit
-    live_map = _live_map(state)
+    liveness = Liveness(state.tools.analysis, ir, blocks)
     slots = {}
 
     def slot(name):
@@ -275,7 +268,8 @@ def plan(state, returns_value: bool) -> TaskPlan:
         if not unit.launched:
             continue
         entry = unit.loop.header if unit.kind == "range_for" else unit.start
-        needed = set(live_map.get(entry, ())) & _all_uses(state, unit.labels) if entry is not None else set()
+        # the unit's labels are reachable from its entry (a loop body, a region found from its start)
+        needed = liveness.live_at(entry, _all_uses(state, unit.labels)) if entry is not None else set()
         if unit.kind == "range_for":
             needed.discard(unit.loop.iter_var.name)
         # only the names this task needs: a set over every variable would make the plan

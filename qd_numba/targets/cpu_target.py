@@ -36,7 +36,7 @@ from ..passes.base import IRTools
 from ..passes.task_types import type_tasks
 from . import cpu
 from .base import KernelBackend, Target
-from .untyped import untyped_compile
+from .untyped import gc_paused, untyped_compile
 
 
 class Instance:
@@ -180,7 +180,8 @@ class CpuKernel(KernelBackend):
     # -- compilation ---------------------------------------------------------------------------------
     def compile(self, param_types, templates) -> Instance:
         kernel = self.kernel
-        with profiler.compiling(kernel.qualname, "cpu"):  # compile records and log (profiler.py)
+        # compile records and log (profiler.py); no GC pauses in the middle of a compile
+        with gc_paused(), profiler.compiling(kernel.qualname, "cpu"):
             cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
             place = offline_cache.lookup(kernel, param_types, templates, cfg, "cpu")
             if place is not None:

@@ -30,6 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +38,13 @@ from ... import profiler
 
 __all__ = [
     "CompiledCudaTask",
+    "DeviceCodegen",
+    "LoweredTask",
     "ParamSlot",
     "compile_task_to_cubin",
     "cuda_available",
     "install_cuda_ufunc_math_fallbacks",
+    "lower_task",
     "numba_cuda_importable",
 ]
 
@@ -462,7 +466,8 @@ def compile_task_to_cubin(
     keep_ptx: bool = True,
     exceptions: bool = False,
 ) -> CompiledCudaTask:
-    """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU.
+    """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU:
+    :func:`lower_task` then :meth:`LoweredTask.finish`, on this thread.
 
     ``func_ir`` must be numba-cuda IR (``IRTools.for_cuda().run_frontend``, or derived from it as
     tasks.py does), possibly rewritten; it is consumed (Numba's passes mutate it; pass
@@ -472,7 +477,87 @@ def compile_task_to_cubin(
     exception a thread raises (qd_numba's bounds checks, ``raise`` in user code) in its
     ``<entry>__errcode__`` global, as numba-cuda's debug kernels do
     (:attr:`CompiledCudaTask.error_symbol`, ``exception_of``).
-    Thread-safe: runs under Numba's and numba-cuda's global compiler lock."""
+    Thread-safe: the lowering runs under Numba's and numba-cuda's global compiler lock."""
+    lowered = lower_task(func_ir, argtypes, cc=cc, fastmath=fastmath, debug=debug, lineinfo=lineinfo,
+                         max_registers=max_registers, opt=opt, launch_bounds=launch_bounds, keep_ptx=keep_ptx,
+                         exceptions=exceptions)
+    return lowered.finish()
+
+
+@dataclass
+class LoweredTask:
+    """A task kernel lowered to NVVM IR (text) by Numba: what :meth:`finish` turns into a cubin.
+
+    :meth:`finish` touches no Numba state and holds no lock: NVVM and nvJitLink release the GIL,
+    so several tasks can finish at once on a thread pool (:class:`DeviceCodegen`) while the
+    compiling thread lowers the next one.  ``typemap`` is known here already (a later task's IR
+    may need an earlier task's types).  ``seconds`` holds the time of each stage of
+    :meth:`finish` once it ran."""
+
+    library: Any                # numba-cuda's CUDACodeLibrary, its LLVM IR text already rendered
+    entry_name: str
+    ccn: tuple[Any, ...]
+    argtypes: tuple[Any, ...]
+    param_layout: list[ParamSlot]
+    keep_ptx: bool
+    nrt: bool                   # NRT on in the target context: link its library when the PTX uses it
+    lowering_seconds: float
+    typemap: dict = field(repr=False)
+    error_symbol: str | None = None
+    exception_of: Callable[[int], tuple] | None = field(default=None, repr=False)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def finish(self) -> CompiledCudaTask:
+        """NVVM (LLVM IR -> PTX) and nvJitLink (PTX -> cubin); callable from any thread, once."""
+        lib, ccn = self.library, self.ccn
+        t0 = time.perf_counter()
+        with profiler.stage("NVVM"):
+            ptx = lib.get_asm_str(cc=ccn)
+        t1 = time.perf_counter()
+        _link_helpers(lib, self.nrt, ptx)
+        with profiler.stage("nvJitLink"):
+            obj = lib.get_cubin(cc=ccn)
+        t2 = time.perf_counter()
+        self.seconds = {"NVVM": t1 - t0, "nvJitLink": t2 - t1}
+        cubin = bytes(obj.code) if hasattr(obj, "code") else bytes(obj)
+        try:
+            log = lib.get_linkerinfo(ccn) or ""
+        except KeyError:
+            log = ""
+        name = self.entry_name
+        return CompiledCudaTask(
+            cubin=cubin,
+            entry_name=name,
+            param_layout=self.param_layout,
+            ptx=ptx if self.keep_ptx else None,
+            nregs=_cubin_nregs(cubin, name),
+            cc=ccn,
+            argtypes=self.argtypes,
+            compile_seconds=self.lowering_seconds + t2 - t0,
+            linker_log=log if isinstance(log, str) else str(log),
+            kparams=_cubin_kparams(cubin, name),
+            typemap=self.typemap,
+            error_symbol=self.error_symbol,
+            exception_of=self.exception_of,
+        )
+
+
+def lower_task(
+    func_ir: Any,
+    argtypes: Sequence[Any],
+    *,
+    cc: Sequence[Any] = (9, 0),
+    fastmath: bool = False,
+    debug: bool = False,
+    lineinfo: bool = False,
+    max_registers: int | None = None,
+    opt: bool = True,
+    launch_bounds: int | tuple[int, ...] | None = None,
+    keep_ptx: bool = True,
+    exceptions: bool = False,
+) -> LoweredTask:
+    """The first half of :func:`compile_task_to_cubin` (same arguments): Numba's typing and
+    lowering down to NVVM IR text, under the global compiler lock (it needs the GIL throughout)."""
     from numba.core import types as core_types
     from numba.cuda import compiler as cc_mod
     from numba.cuda import utils as cuda_utils
@@ -537,57 +622,113 @@ def compile_task_to_cubin(
                 cres = pipeline.compile_ir(func_ir=func_ir)
                 lib = cres.library
                 lib.finalize()
-            entry = cres.fndesc.llvm_func_name
-            kernel = lib.get_function(entry)
-            lib._entry_name = entry
-            cc_mod.kernel_fixup(kernel, debug or exceptions)
-            nvvm.set_launch_bounds(kernel, launch_bounds)
-            if lib.use_cooperative:
-                lib.needs_cudadevrt = True
-            with profiler.stage("NVVM"):
-                ptx = lib.get_asm_str(cc=ccn)
-            _link_helpers(lib, cres.target_context, ptx)
-            with profiler.stage("nvJitLink"):
-                obj = lib.get_cubin(cc=ccn)
-            cubin = bytes(obj.code) if hasattr(obj, "code") else bytes(obj)
-            try:
-                log = lib.get_linkerinfo(ccn) or ""
-            except KeyError:
-                log = ""
+                entry = cres.fndesc.llvm_func_name
+                kernel = lib.get_function(entry)
+                lib._entry_name = entry
+                cc_mod.kernel_fixup(kernel, debug or exceptions)
+                nvvm.set_launch_bounds(kernel, launch_bounds)
+                if lib.use_cooperative:
+                    lib.needs_cudadevrt = True
+                lib.get_llvm_str()  # renders (and caches) the IR text here: Python work, needs the GIL
             layout = _param_layout(gctx, argtypes, arg_names)
             if len(layout) != len(kernel.args):
                 raise AssertionError(
                     f"param layout has {len(layout)} slots but the kernel has {len(kernel.args)} params"
                 )
         seconds = time.perf_counter() - t0
-    return CompiledCudaTask(
-        cubin=cubin,
+    return LoweredTask(
+        library=lib,
         entry_name=kernel.name,
-        param_layout=layout,
-        ptx=ptx if keep_ptx else None,
-        nregs=_cubin_nregs(cubin, kernel.name),
-        cc=ccn,
+        ccn=ccn,
         argtypes=argtypes,
-        compile_seconds=seconds,
-        linker_log=log if isinstance(log, str) else str(log),
-        kparams=_cubin_kparams(cubin, kernel.name),
+        param_layout=layout,
+        keep_ptx=keep_ptx,
+        nrt=bool(getattr(cres.target_context, "enable_nrt", False)),
+        lowering_seconds=seconds,
         typemap=dict(getattr(cres.fndesc, "typemap", None) or {}),
         error_symbol=kernel.name + "__errcode__" if debug or exceptions else None,
         exception_of=cres.call_helper.get_exception if debug or exceptions else None,
     )
 
 
+class DeviceCodegen:
+    """NVVM and nvJitLink of a kernel's tasks on a thread pool, overlapped with the lowering of
+    the next task on the compiling thread.
+
+    ``submit`` the :class:`LoweredTask` of each task in program order, then ``results()`` gives
+    their :class:`CompiledCudaTask` in that order.  Both libraries release the GIL and compile one
+    task each, so the cubins are those of the serial path, byte for byte.  ``threads`` is
+    ``qd.init(compile_threads=...)`` (0: ``os.cpu_count()``); with 1 every task finishes on the
+    compiling thread at ``submit``, as before.  An error is the one the serial path raises first:
+    a task's NVVM/nvJitLink error before a later task's lowering error (used as a context
+    manager).  The compile record (profiler.py) gets the time the compiling thread waited on the
+    pool as stages "NVVM" and "nvJitLink", in the proportion the pool spent in each, and the
+    pool's own seconds in ``CompileRecord.threads``."""
+
+    def __init__(self, threads: int):
+        self.threads = threads if threads > 0 else os.cpu_count() or 1
+        self.pending: list[tuple[LoweredTask, Any]] = []   # (task, its CompiledCudaTask or future)
+
+    def __enter__(self) -> DeviceCodegen:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is None:
+            return
+        # a later task's lowering failed: an earlier task's NVVM/nvJitLink error comes first
+        for _task, item in self.pending:
+            if isinstance(item, Future):
+                error = item.exception()
+                if error is not None:
+                    raise error from None
+
+    def submit(self, lowered: LoweredTask) -> None:
+        if self.threads == 1:
+            self.pending.append((lowered, lowered.finish()))
+        else:
+            self.pending.append((lowered, _pool(self.threads).submit(lowered.finish)))
+
+    def results(self) -> list[CompiledCudaTask]:
+        out = []
+        for task, item in self.pending:
+            if isinstance(item, Future):
+                start = time.perf_counter()
+                item = item.result()
+                _record_pool_stages(task.seconds, time.perf_counter() - start)
+            out.append(item)
+        return out
+
+
+def _record_pool_stages(seconds: dict[str, float], waited: float) -> None:
+    total = sum(seconds.values())
+    for name, spent in seconds.items():
+        profiler.add_stage_time(name, waited * spent / total if total > 0 else 0.0, background=spent)
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """The process's device-codegen pool of ``threads`` workers (started at its first use)."""
+    with _pools_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="qd_numba-device-codegen")
+        return pool
+
+
 _NRT_EXTERN = re.compile(r"\.extern\s+\.func\s+(?:\s*\(.+\)\s*)?(NRT_\w+)\s*\([^)]*\)\s*;")
 
 
-def _link_helpers(lib: Any, target_context: Any, ptx: str) -> None:
+def _link_helpers(lib: Any, nrt: bool, ptx: str) -> None:
     """Add what ``numba.cuda.dispatcher._Kernel`` links beside the kernel: the reshape helpers
     (``reshape_funcs.cu``) when referenced, and the NRT library when NRT is on and used."""
     from numba.cuda import dispatcher as cuda_dispatcher
 
     if any(fn in ptx for fn in cuda_dispatcher.reshape_funcs):
         lib.add_linking_file(os.path.join(os.path.dirname(cuda_dispatcher.__file__), "reshape_funcs.cu"))
-    if getattr(target_context, "enable_nrt", False) and _NRT_EXTERN.search(ptx):
+    if nrt and _NRT_EXTERN.search(ptx):
         from numba.cuda.memory_management.nrt import NRT_LIBRARY
 
         lib.add_linking_file(NRT_LIBRARY)

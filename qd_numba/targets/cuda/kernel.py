@@ -21,6 +21,7 @@ from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scal
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
 from ..base import KernelBackend, Target
+from ..untyped import gc_paused
 from .arrays import array_view
 from .compile import cuda_available
 from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types
@@ -132,7 +133,7 @@ class CudaKernel(KernelBackend):
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
         try:
-            with profiler.compiling(kernel.qualname, "cuda"):
+            with gc_paused(), profiler.compiling(kernel.qualname, "cuda"):
                 return build_plan(kernel, param_types, templates)
         except Exception as e:
             err = compile_error(kernel.name, e, param_types, config.current.raw_errors)

@@ -28,6 +28,7 @@ from ...generated_code import exec_generated
 from ...lowering import device
 from ...lowering.raising import device_exception
 from ...passes.task_ir import cut_task
+from ..untyped import gc_paused
 from . import tasks as cuda_tasks
 from .arrays import _view_type
 from .runtime import (
@@ -325,9 +326,10 @@ def compile_state(kernel, param_types, templates):
 
 def compile_tasks(kernel, state, cc, field_slot):
     """Compile every task kernel to a cubin. The kernel is typed once (its Tasks carry the
-    types), so each task compiles on its own. Returns (plan_ir, [(unit, task IR, compiled)],
-    Numba type of each value passed through a temporary, the return value's as "$qd_return")."""
-    from .compile import compile_task_to_cubin
+    types), so each task compiles on its own: NVVM + nvJitLink of each task run on a pool while
+    the next task lowers (compile.py). Returns (plan_ir, [(unit, task IR, compiled)], Numba type
+    of each value passed through a temporary, the return value's as "$qd_return")."""
+    from .compile import DeviceCodegen, lower_task
 
     plan_ir = state.task_plan
     debug = config.current.debug
@@ -335,22 +337,24 @@ def compile_tasks(kernel, state, cc, field_slot):
         argtypes = [state.param_types[n] for n in state.runtime_params] + [field_token(f).ty for f in state.hidden]
         cuda_tasks.type_kernel(state, argtypes, cc)
     abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot)
-    out = []
-    for unit in plan_ir.units:
-        with profiler.stage("task split"):
-            tk = cut_task(state, unit, abi)
-        if config.current.print_ir:
-            import sys
+    lowered = []
+    with DeviceCodegen(config.current.compile_threads) as codegen:
+        for unit in plan_ir.units:
+            with profiler.stage("task split"):
+                tk = cut_task(state, unit, abi)
+            if config.current.print_ir:
+                import sys
 
-            print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
-            tk.func_ir.dump()
-        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
-        compiled = compile_task_to_cubin(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
-        out.append((unit, tk, compiled))
+                print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
+                tk.func_ir.dump()
+            argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
+            codegen.submit(lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug))
+            lowered.append((unit, tk))
+        compiled = codegen.results()
     temp_types = {name: unit.types[name] for unit in plan_ir.units for name in unit.stores}
     if plan_ir.ret_slot is not None:
         temp_types["$qd_return"] = plan_ir.return_type
-    return plan_ir, out, temp_types
+    return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
 
 
 def kernel_field_slots(state):
@@ -366,7 +370,7 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
     tasks; raises what a real CUDA compile would raise."""
-    with profiler.compiling(kernel.qualname, "cuda (compile check)"):
+    with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
         _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
         host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too

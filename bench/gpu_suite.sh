@@ -11,5 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -c "import sys, numpy, numba, numba.cuda, pytest; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba.cuda.__version__ if hasattr(numba.cuda, '__version__') else '?')"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 | tee "$OUT/gpu_marked.log" | tail -15
-python3 -m pytest -q -p no:cacheprovider --arch=cuda -m "not cuda and not slow" tests "$@" 2>&1 | tee "$OUT/gpu_suite.log" | tail -25
+# QD_XDIST=N spreads the runs over N worker processes (pytest-xdist is in the device image)
+XDIST=${QD_XDIST:+-n $QD_XDIST}
+python3 -m pytest -q -p no:cacheprovider $XDIST -m cuda tests 2>&1 | tee "$OUT/gpu_marked.log" | tail -15
+python3 -m pytest -q -p no:cacheprovider $XDIST --arch=cuda -m "not cuda and not slow" tests "$@" 2>&1 | tee "$OUT/gpu_suite.log" | tail -25

@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Session 5 benchmarks on the GPU machine, one call (from the repository root; carry .whl and .whlq
-# (Quadrants 1.4.0 and its missing dependencies) and .before (the tree at the session's start)).
+# Session 5 on the GPU machine, one call (from the repository root): the test suite, then the
+# benchmarks named as arguments. Carry .whl (numpy 2.4) and .whlq (Quadrants 1.4.0 and the
+# dependencies the image lacks); .before (the tree at the session's start) for before_after.py.
+#   bash bench/gpu_session5.sh [suite] [sbs] [compile] [before_after] [reduce] [cache]
 set -uo pipefail
 OUT=${OUT:-/tmp/qd_out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whlq/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 bench/side_by_side.py --arch cuda --out "$OUT/side_by_side_cuda.json" 2>&1 | tail -3
-for b in "$@"; do echo "== $b"; timeout 300 python3 $b 2>&1 | tail -25; done
+python3 -c "import sys, numpy, numba, numba.cuda; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__)"
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    suite)
+      python3 -m pytest -q -p no:cacheprovider -n 8 -m cuda tests > "$OUT/gpu_marked.log" 2>&1; tail -6 "$OUT/gpu_marked.log"
+      python3 -m pytest -q -p no:cacheprovider -n 8 --arch=cuda -m "not cuda and not slow" tests > "$OUT/gpu_suite.log" 2>&1
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | head -30; tail -2 "$OUT/gpu_suite.log" ;;
+    sbs) timeout 300 python3 bench/side_by_side.py --arch cuda --out "$OUT/side_by_side_cuda.json" 2>&1 | tail -3 ;;
+    compile) timeout 240 python3 bench/compile_time.py --arch cuda --max-k 64 --out "$OUT" 2>&1 | tail -12 ;;
+    before_after) timeout 300 python3 bench/before_after.py .before . --arch cuda --rounds 2 2>&1 | tail -14 ;;
+    reduce) timeout 120 python3 bench/reduce.py --arch cuda 2>&1 | tail -12 ;;
+    cache) timeout 200 python3 bench/offline_cache_bench.py --arch cuda 2>&1 | tail -12 ;;
+  esac
+done

@@ -375,7 +375,11 @@ def store(place: Lookup, payload, artefact) -> None:
     loaded. A directory that cannot be written gives one warning per process."""
     with _lock:
         _loaded[place.key] = artefact
-    data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:   # a value the artefact holds has no pickled form (a module object in a loop bound)
+        stats.uncacheable += 1
+        return
     directory = os.path.dirname(place.path)
     tmp = None
     try:

@@ -2,8 +2,10 @@
 
 :func:`build_plan` runs the untyped pipeline on numba-cuda's IR classes (:func:`compile_state`),
 splits the result into task kernels (tasks.py) and compiles each to a cubin (compile.py,
-:func:`compile_tasks`), loads the cubins and pre-packs one ``void*[]`` parameter array per task
-whose ctypes cells are shared by all tasks of the kernel. The :class:`LaunchPlan` it returns runs
+:func:`compile_tasks`), keeping what the launch needs as a :class:`PlanBinary` (the offline
+cache stores it; a hit starts here, with no frontend and no compile). :func:`launch_plan` loads
+the cubins and pre-packs one ``void*[]`` parameter array per task whose ctypes cells are shared
+by all tasks of the kernel. The :class:`LaunchPlan` it returns runs
 generated straight-line Python (:func:`_runner_source`): patch the cells of arguments that
 changed, recompute host iteration counts (:func:`host_totals`) and grids (:func:`_grid`), call the
 native launcher once, copy numpy arguments back (:func:`_copy_back`), read the return value.

@@ -1,13 +1,14 @@
-"""Offline cache benchmark (CPU): a kernel's first call in a cold process and in a warm one.
+"""Offline cache benchmark: a kernel's first call in a cold process and in a warm one.
 
-    python bench/offline_cache_bench.py
+    python bench/offline_cache_bench.py [cpu] [cuda]
 
 The kernel has K top-level loops, each a few float ops on its own pair of fields (issue 12's
 workload). Per K, with an empty cache directory: one process compiles (and writes the entry),
-then three processes load it. Each process reports the start of Numba's thread pool (paid once
-per process by every CPU program, cached or not) and the time to make the kernel ready (compile or
-load: the compiled instance ready to launch; then one checked call).
-Writes bench/results/offline_cache.md.
+then three processes load it. Each process reports the set-up any program pays once (CPU: the
+start of Numba's thread pool; CUDA: the context and runtime), cached or not, and the time to
+make the kernel ready (compile or load: the CPU instance or CUDA launch plan, ready to launch;
+then one checked call). Without arguments: the CPU, and CUDA when a GPU is present.
+Writes bench/results/offline_cache.md (CPU) and bench/results/offline_cache_cuda.md.
 """
 
 import datetime
@@ -23,25 +24,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
-def source(loops: int) -> str:
+SETUP = {  # per arch: qd.init, the set-up every process pays, the call that makes the kernel ready
+    "cpu": ("qd.cpu", "from qd_numba.targets.cpu import ensure_threading_layer\nensure_threading_layer()",
+            "k.backend()._instance(())"),
+    "cuda": ("qd.cuda", "from qd_numba.targets.cuda.runtime import CudaRuntime\nCudaRuntime.get()",
+             "k.backend().plan_for(())"),
+}
+
+
+def source(loops: int, arch: str) -> str:
+    init, setup, ready = SETUP[arch]
     fields = "\n".join(f"a{k} = qd.field(qd.f32, shape=N)\nb{k} = qd.field(qd.f32, shape=N)" for k in range(loops))
     body = "\n".join(f"    for i in a{k}:\n        b{k}[i] = a{k}[i] * 2.0 + {k}.0 * a{k}[i]" for k in range(loops))
-    return textwrap.dedent("""
+    return textwrap.dedent(f"""
 import sys, time
 import numpy as np
 import qd_numba as qd
 from qd_numba import offline_cache
-from qd_numba.targets.cpu import ensure_threading_layer
 
-qd.init(arch=qd.cpu, offline_cache_file_path=sys.argv[1])
+qd.init(arch={init}, offline_cache_file_path=sys.argv[1])
 N = 256
-""") + fields + "\n\n@qd.kernel\ndef k():\n" + body + textwrap.dedent(f"""
-
-t0 = time.perf_counter()
-ensure_threading_layer()
+""") + fields + "\n\n@qd.kernel\ndef k():\n" + body + "\n\nt0 = time.perf_counter()\n" + setup + textwrap.dedent(f"""
 t1 = time.perf_counter()
-backend = k.backend()
-backend._instance(())   # compile or load: the instance, ready to launch
+{ready}   # compile or load: ready to launch
 t2 = time.perf_counter()
 a{loops - 1}.from_numpy(np.arange(N, dtype=np.float32))
 k()
@@ -55,31 +60,53 @@ def one_process(src: str, cache: str) -> tuple:
     out = subprocess.run([sys.executable, "-c", src, cache], capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
-    threads, ready, hits = out.stdout.split()
-    return float(threads), float(ready), int(hits)
+    setup, ready, hits = out.stdout.split()
+    return float(setup), float(ready), int(hits)
 
 
-def main():
+def measure(arch: str) -> list:
     rows = []
     for loops in (1, 8, 32):
-        src = source(loops)
+        src = source(loops, arch)
         with tempfile.TemporaryDirectory() as cache:
             cold = one_process(src, cache)
             warm = [one_process(src, cache) for _ in range(3)]
         assert cold[2] == 0 and all(w[2] == 1 for w in warm), (cold, warm)
         ready = statistics.median(w[1] for w in warm)
         rows.append((loops, cold[1] * 1e3, ready * 1e3, statistics.median(w[0] for w in warm) * 1e3))
-    lines = ["# Offline cache, CPU", "",
-             f"{datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-             "(shared), `python bench/offline_cache_bench.py`.", "",
-             "Compile-to-ready: argument types to a launchable instance; warm: median of 3 processes.", "",
-             "| K loops | cold process: compile | warm process: load | thread pool start (any process) |",
+    return rows
+
+
+def report(arch: str, rows: list) -> str:
+    if arch == "cuda":
+        from numba import cuda
+
+        name = cuda.get_current_device().name
+        machine = name.decode() if isinstance(name, bytes) else name
+        title, setup = "CUDA", "CUDA context and runtime (any process)"
+    else:
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared)"
+        title, setup = "CPU", "thread pool start (any process)"
+    lines = [f"# Offline cache, {title}", "",
+             f"{datetime.date.today()}, {machine}, `python bench/offline_cache_bench.py {arch}`.", "",
+             "Compile-to-ready: argument types to a launchable "
+             + ("launch plan" if arch == "cuda" else "instance") + "; warm: median of 3 processes.", "",
+             f"| K loops | cold process: compile | warm process: load | {setup} |",
              "| --- | --- | --- | --- |"]
-    lines += [f"| {k} | {cold:,.0f} ms | {warm:,.1f} ms | {threads:,.0f} ms |" for k, cold, warm, threads in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(HERE, "results", "offline_cache.md"), "w") as f:
-        f.write(text)
+    lines += [f"| {k} | {cold:,.0f} ms | {warm:,.1f} ms | {other:,.0f} ms |" for k, cold, warm, other in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    from qd_numba.targets.cuda.compile import cuda_available
+
+    arches = sys.argv[1:] or ["cpu"] + (["cuda"] if cuda_available() else [])
+    for arch in arches:
+        text = report(arch, measure(arch))
+        print(text)
+        name = "offline_cache.md" if arch == "cpu" else f"offline_cache_{arch}.md"
+        with open(os.path.join(HERE, "results", name), "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

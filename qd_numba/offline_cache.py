@@ -4,8 +4,8 @@ Keys. An entry is named by its *full key*, computed before anything compiles:
 
 * the *fast key* — the kernel's bytecode (:func:`~qd_numba.frontend.keys.code_key`, line
   numbers left out), its qualified name, argument types, return type, the code-changing
-  configuration (``keys.CODE_CONFIG``), the target (and CUDA compute capability) and the
-  versions of qd_numba, Numba, llvmlite and numba-cuda;
+  configuration (``keys.CODE_CONFIG``), the target (on CUDA: compute capability, NVVM and
+  nvJitLink versions) and the versions of qd_numba, Numba, llvmlite and numba-cuda;
 * the *globals snapshot* (:func:`snapshot`) — every value the compiler may read from Python:
   starting at the names the kernel's code uses (its globals, closure cells and template
   arguments), following attributes/items by the names the code uses, into every user function
@@ -21,8 +21,9 @@ hit are the objects the snapshot finds at the paths stored with the entry.
 
 Artefacts: on the CPU the kernel's LLVM library as object code plus the Numba function
 descriptor and environments (rebuilt as Numba's own cache does, ``CompileResult._rebuild``), the
-Task list and the hidden-field paths. Loaded libraries are kept per process: an entry loaded
-twice (after ``qd.init``) is linked once.
+Task list and the hidden-field paths; on CUDA the ``PlanBinary`` of targets/cuda/plan.py (cubins
+and what the launch plan is built from) and the hidden-field paths, its cubins loaded on a hit.
+Loaded artefacts are kept per process: an entry loaded twice (after ``qd.init``) is linked once.
 
 Files. ``<offline_cache_file_path>/<version tag>/<key[:2]>/<key>.qdc``; written to a temporary
 file and renamed (``os.replace``) under a ``filelock`` lock of the cache directory, so readers
@@ -375,7 +376,11 @@ def store(place: Lookup, payload, artefact) -> None:
     loaded. A directory that cannot be written gives one warning per process."""
     with _lock:
         _loaded[place.key] = artefact
-    data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:   # a value the artefact holds has no pickled form (a module object in a loop bound)
+        stats.uncacheable += 1
+        return
     directory = os.path.dirname(place.path)
     tmp = None
     try:

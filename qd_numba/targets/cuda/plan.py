@@ -2,8 +2,10 @@
 
 :func:`build_plan` runs the untyped pipeline on numba-cuda's IR classes (:func:`compile_state`),
 splits the result into task kernels (tasks.py) and compiles each to a cubin (compile.py,
-:func:`compile_tasks`), loads the cubins and pre-packs one ``void*[]`` parameter array per task
-whose ctypes cells are shared by all tasks of the kernel. The :class:`LaunchPlan` it returns runs
+:func:`compile_tasks`), keeping what the launch needs as a :class:`PlanBinary` (the offline
+cache stores it; a hit starts here, with no frontend and no compile). :func:`launch_plan` loads
+the cubins and pre-packs one ``void*[]`` parameter array per task whose ctypes cells are shared
+by all tasks of the kernel. The :class:`LaunchPlan` it returns runs
 generated straight-line Python (:func:`_runner_source`): patch the cells of arguments that
 changed, recompute host iteration counts (:func:`host_totals`) and grids (:func:`_grid`), call the
 native launcher once, copy numpy arguments back (:func:`_copy_back`), read the return value.
@@ -16,12 +18,14 @@ the driver but through runtime.py.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
 import re
 
 import numpy as np
 from numba.core import types
 
-from ... import config, profiler
+from ... import config, offline_cache, profiler
 from ...field import Ndarray
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
@@ -60,14 +64,15 @@ _CTYPES = {"b": ctypes.c_int8, "B": ctypes.c_uint8, "h": ctypes.c_int16, "H": ct
 class TaskLaunch:
     """One task of a plan: its function, launch shape and parameter array."""
 
-    __slots__ = ("task", "fn", "module", "argv_array", "argv", "grid", "block", "total_index", "compiled")
+    __slots__ = ("task", "fn", "module", "argv_array", "argv", "grid", "block", "total_index", "binary")
 
-    def __init__(self, task, fn, module, argv_array, grid, block, total_index, compiled):
+    def __init__(self, task, fn, module, argv_array, grid, block, total_index, binary):
         self.task, self.fn, self.module = task, fn, module
         self.argv_array = argv_array                    # keeps the void*[] alive
         self.argv = ctypes.addressof(argv_array)
         self.grid = grid                                # the saturating grid (1 for serial tasks)
-        self.block, self.total_index, self.compiled = block, total_index, compiled
+        self.block, self.total_index = block, total_index
+        self.binary = binary                            # its TaskBinary
 
 
 class LaunchPlan:
@@ -79,9 +84,9 @@ class LaunchPlan:
     back. It takes the kernel's arguments followed by the views of its ndarray arguments.
     """
 
-    def __init__(self, kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table,
+    def __init__(self, kernel, artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table,
                  ret):
-        self.kernel, self.state, self.launches = kernel, state, launches
+        self.kernel, self.launches = kernel, launches
         self.cells = cells                  # runtime param name -> list of ctypes cells
         self.params = params                # (name, kind) per kernel parameter, call order
         self.totals_fn = totals_fn
@@ -91,8 +96,7 @@ class LaunchPlan:
         self.ret = ret                      # (byte offset, numpy dtype, element count) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
-        self.artifact_key = artifact_key(kernel, state.param_types, state.template_values, state.hidden,
-                                         state.config, f"cuda-sm{''.join(map(str, self.rt.cc))}")
+        self.artifact_key = artifact_key    # content key of the compiled code (frontend/keys.py)
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
@@ -102,8 +106,8 @@ class LaunchPlan:
                                               self.packed[PACK_HEAD + 1::PACK_TASK]) \
             if config.current.kernel_profiler else None
         # debug=True: (launch, device address of its int32 error word) per task that records exceptions
-        self.error_words = [(launch, self.rt.global_address(launch.module, launch.compiled.error_symbol))
-                            for launch in launches if launch.compiled.error_symbol]
+        self.error_words = [(launch, self.rt.global_address(launch.module, launch.binary.error_symbol))
+                            for launch in launches if launch.binary.error_symbol]
         words = {id(launch): address for launch, address in self.error_words}
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
@@ -157,7 +161,8 @@ class LaunchPlan:
                 recorded.append((launch, code))
         if recorded:
             launch, code = recorded[0]
-            cls, exc_args, loc = device_exception(code) or launch.compiled.exception_of(code)
+            cls, exc_args, loc = device_exception(code) or launch.binary.exceptions.get(
+                code, (SystemError, (f"unknown error {code} in native function",), None))
             # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task,
             # whose location is its loop (or serial region)
             line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
@@ -372,19 +377,19 @@ def compile_check(kernel, param_types, templates, cc=(9, 0)):
     tasks; raises what a real CUDA compile would raise."""
     with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
-        _, compiled, _ = compile_tasks(kernel, state, cc, kernel_field_slots(state))
-        host_totals(kernel, state, param_types, [u for u, _, _ in compiled])  # the launcher's host code too
+        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state))
+        binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(cc))
+        host_totals(kernel, binary.totals, state.hidden)  # the launcher's host code too
     return compiled
 
 
-def host_totals(kernel, state, param_types, units):
-    """(totals function taking the kernel's arguments or None, iteration counts known now or None)."""
-    param_ndims = {name: getattr(ty, "ndim", None) for name, ty in param_types.items()}
-    runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
-    src, env = cuda_tasks.totals_source(state, units, param_ndims, runtime_positions)
-    if src is None:
+def host_totals(kernel, totals, fields):
+    """(totals function taking the kernel's arguments or None, iteration counts known now or None)
+    from a plan's ``(source, env)`` (:attr:`PlanBinary.totals`), its fields bound."""
+    if totals is None:
         return None, None
-    ns = dict(env)
+    src, env = totals
+    ns = {name: fields[v.index] if isinstance(v, FieldSlot) else v for name, v in env.items()}
     exec_generated(src, f"totals {kernel.qualname}", ns)
     fn = ns["totals"]
     if "args[" in src:
@@ -407,41 +412,141 @@ def plan_types(kernel, args, views):
     return param_types, templates
 
 
+# -- the plan binary: what compiling leaves, what the offline cache stores ---------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FieldSlot:
+    """A field in a stored value, by its position among the kernel instance's fields."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBinary:
+    """One compiled task, as its launch needs it: no Numba object, no device state."""
+
+    task: object            # the Task (passes/tasks.py)
+    kind: str               # the unit's kind: "range_for" (a grid-stride kernel) or a serial one
+    cubin: bytes
+    entry_name: str
+    runtime_args: tuple     # runtime parameter names after (ctx, tmp)
+    slots: tuple            # (argument name, struct format) per parameter slot, in order
+    error_symbol: str | None
+    exceptions: dict        # debug tasks: error code -> (exception class, args, location)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanBinary:
+    """The output of compiling one kernel instance: its tasks' cubins, the temporaries, the
+    return slot, the host iteration counts and the code's content key. :func:`build_plan` makes
+    it and :func:`launch_plan` turns it into a :class:`LaunchPlan`; the offline cache pickles it
+    (the fields it reaches are :class:`FieldSlot` references, bound in each process)."""
+
+    tasks: tuple            # TaskBinary per task, in program order
+    temp_slots: int
+    ret: tuple | None       # (byte offset, numpy dtype, element count) of the return value
+    totals: tuple | None    # (source, env) of the host iteration counts (:func:`host_totals`)
+    artifact_key: str | None
+
+
+@functools.cache
+def cache_target(cc) -> str:
+    """The target part of a CUDA kernel's keys: the compute capability and the versions of the
+    NVVM and nvJitLink libraries that make its cubins (asked once per process)."""
+    from cuda.bindings import nvjitlink, nvvm
+
+    return f"cuda-sm{''.join(map(str, cc))}-nvvm{nvvm.version()}{nvvm.ir_version()}-nvjitlink{nvjitlink.version()}"
+
+
+def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBinary:
+    """The :class:`PlanBinary` of :func:`compile_tasks`' output; needs no GPU."""
+    # Tasks are stored without their Numba types (compile-time data that does not pickle)
+    binaries = tuple(TaskBinary(dataclasses.replace(unit.task, types=None), unit.kind, c.cubin, c.entry_name,
+                                tuple(tk.params), tuple((s.arg_name, s.fmt) for s in c.param_layout),
+                                c.error_symbol, _raises(c))
+                     for unit, tk, c in compiled)
+    ret = None
+    if plan_ir.ret_slot is not None:
+        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
+    param_ndims = {name: getattr(ty, "ndim", None) for name, ty in state.param_types.items()}
+    runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
+    src, env = cuda_tasks.totals_source(state, [u for u, _, _ in compiled], param_ndims, runtime_positions)
+    slots = {id(f): k for k, f in enumerate(state.hidden)}
+    totals = None if src is None else (src, {name: FieldSlot(slots[id(v)]) if id(v) in slots else v
+                                             for name, v in env.items()})
+    key = artifact_key(kernel, state.param_types, state.template_values, state.hidden, state.config, target)
+    return PlanBinary(binaries, plan_ir.temp_slots, ret, totals, key)
+
+
+def _raises(compiled) -> dict:
+    """Error code -> (exception class, args, location) of a task compiled with exceptions: the
+    table of the Numba call helper behind ``exception_of``, whose codes the task records."""
+    helper = getattr(compiled.exception_of, "__self__", None)
+    return dict(helper.exceptions) if helper is not None else {}
+
+
 def build_plan(kernel, param_types, templates) -> LaunchPlan:
+    """The launch plan of a kernel instance: from the offline cache (no frontend, no compile)
+    or compiled, and then written to the cache."""
     rt = CudaRuntime.get()
+    cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+    place = offline_cache.lookup(kernel, param_types, templates, cfg, cache_target(rt.cc))
+    if place is not None:
+        with profiler.stage("offline cache load"):
+            loaded = offline_cache.load(place, _load_modules)
+        if loaded is not None:
+            binary, hidden_paths, functions = loaded
+            return launch_plan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, kernel_field_slots(state))
     rt.plan_builds += 1
     kernel.compile_count += 1
+    binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(rt.cc))
+    with profiler.stage("module load"):
+        functions = [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
+    hidden_paths = place.hidden_paths(state.hidden) if place is not None else None
+    if hidden_paths is not None:
+        offline_cache.store(place, (binary, hidden_paths), (binary, hidden_paths, functions))
+    return launch_plan(kernel, binary, state.hidden, functions)
 
-    field_table = rt.field_table(state.hidden)
+
+def _load_modules(payload) -> tuple:
+    """(PlanBinary, hidden-field paths, (module, function) per task) of a cache entry: its
+    cubins loaded (a cubin the driver refuses is a bad entry)."""
+    binary, hidden_paths = payload
+    if not isinstance(binary, PlanBinary):
+        raise TypeError(f"not a CUDA plan: {type(binary).__name__}")
+    rt = CudaRuntime.get()
+    return binary, hidden_paths, [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
+
+
+def launch_plan(kernel, binary: PlanBinary, fields, functions) -> LaunchPlan:
+    """The :class:`LaunchPlan` of a compiled kernel instance: ``fields`` are its fields (in the
+    order of its context slots), ``functions`` the (module, function) of each task's cubin."""
+    rt = CudaRuntime.get()
+    field_table = rt.field_table(fields)
     cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))]}
-    tmp_bytes = max(1, plan_ir.temp_slots) * device.TEMP_SLOT_BYTES
+    tmp_bytes = max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES
     tmp_dev = rt.cuda.device_array(tmp_bytes, np.uint8)
     cells[cuda_tasks.PARAM_TMP] = [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]
-    for _, tk, c in compiled:
-        for name in tk.params:
+    for t in binary.tasks:
+        for name in t.runtime_args:
             if name not in cells:  # same Numba type in every task -> same slots
-                cells[name] = [_CTYPES[s.fmt]() for s in c.param_layout if s.arg_name == name]
+                cells[name] = [_CTYPES[fmt]() for arg, fmt in t.slots if arg == name]
     launches = []
     range_index = 0
-    for unit, tk, c in compiled:
-        with profiler.stage("module load"):
-            module, fn = rt.load_function(c.cubin, c.entry_name)
-        order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP] + tk.params
+    for t, (module, fn) in zip(binary.tasks, functions):
+        order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP, *t.runtime_args]
         ptrs = [ctypes.addressof(cell) for name in order for cell in cells[name]]
         argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
-        if unit.kind == "range_for" and not unit.task.serialize:
+        if t.kind == "range_for" and not t.task.serialize:
             (grid, block), total_index = rt.occupancy(fn), range_index
         else:
             grid, block, total_index = 1, 1, None
-        if unit.kind == "range_for":
+        if t.kind == "range_for":
             range_index += 1
-        launches.append(TaskLaunch(unit.task, fn, module, argv, grid, block, total_index, c))
-    # iteration counts on the host
-    totals_fn, static_totals = host_totals(kernel, state, param_types, [u for u, _, _ in compiled])
-    ret = None
-    if plan_ir.ret_slot is not None:
-        ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
+        launches.append(TaskLaunch(t.task, fn, module, argv, grid, block, total_index, t))
+    totals_fn, static_totals = host_totals(kernel, binary.totals, fields)
     params = [(p.name, p.kind) for p in kernel.params]
-    return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)
+    return LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
+                      field_table, binary.ret)

@@ -87,6 +87,24 @@ def test_uniform_atomics(rng, dtype):
         _run_uniform(rng, dtype, n)
 
 
+@qd.kernel
+def into_ndarray(a: qd.types.ndarray(dtype=qd.f64, ndim=1), out: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+    for i in range(a.shape[0]):
+        out[1] += a[i]
+        qd.atomic_max(out[2], a[i])
+
+
+def test_uniform_atomics_on_ndarrays(rng):
+    for n in SIZES:
+        a = rng.uniform(-1, 1, n)
+        out = rng.uniform(-1, 1, 4)
+        want = out.copy()
+        want[1] += a.sum()
+        want[2] = max(want[2], a.max())
+        into_ndarray(a, out)
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12 * n)
+
+
 def test_anchor_forward(rng):
     n_inner = qd.field(qd.i32, shape=())
     loss = qd.field(qd.f64, shape=())
@@ -183,6 +201,8 @@ def test_warp_reduction_in_cuda_code():
     (five,) = _range_task_ptx(_kernels(qd.f32)[0], {"a": f32, "k": types.int32})
     assert five.count("shfl.sync.bfly") == 25
     f64 = types.Array(types.float64, 1, "C")
+    (nd,) = _range_task_ptx(into_ndarray, {"a": f64, "out": f64})
+    assert nd.count("shfl.sync.bfly") == 2 * 10
     locals_ptx = _range_task_ptx(local_stats, {"a": f64, "out": f64})
     assert [p.count("shfl.sync.bfly") for p in locals_ptx] == [4 * 10, 0]   # 4 locals, 64-bit: 2 per step
     for kernel, params in ((compact, {"v": f32, "out": f32}), (histogram, {"v": i32}),
@@ -359,4 +379,5 @@ def test_gpu_kernel_scope_locals_and_anchor(rng, on_cuda):
     test_kernel_scope_locals(rng)
     test_used_old_value_is_real(rng)
     test_varying_address_and_other_accesses(rng)
+    test_uniform_atomics_on_ndarrays(rng)
     test_anchor_forward(rng)

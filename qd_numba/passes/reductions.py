@@ -7,8 +7,10 @@ an associative, commutative op (``+=``/``-=``, ``qd.atomic_add/sub/min/max``):
 * **uniform atomics on global data**: ``G[I] op= V`` (rewritten to ``atomic_update`` by
   RewriteSubscripts) where the address does not depend on the loop: ``I`` is computed from
   constants and values defined before the loop (``loss[None]``, ``hist[0]``, ``acc[k, 1]``);
-  its old value is unused; and every access the loop makes to ``G`` is such an update with
-  ops of one class (add/sub, min or max). Off with ``warp_reduce=False`` (``QD_WARP_REDUCE=0``);
+  its old value is unused; and every access the loop makes to ``G`` is such an update, with
+  ops of one class (add/sub, min or max) per address (addresses count as distinct only when
+  all of ``G``'s indices are constants: ``out[1] += v; qd.atomic_max(out[2], v)``). Off with
+  ``warp_reduce=False`` (``QD_WARP_REDUCE=0``);
 * **kernel-scope locals**: ``s = 0.0; for i in x: s += x[i]; return s`` — a local assigned
   before the loop whose every mention in the loop is ``s += v``/``s -= v`` or
   ``qd.atomic_<op>(s, v)`` with the old value unused, and read after the loop (Offload
@@ -38,9 +40,10 @@ import operator
 
 from .. import dtypes
 from ..field import Field
+from ..lowering import array_access
 from ..lowering import reduce as rd
 from ..lowering import subscripts as sub_impl
-from .base import resolve_copies, try_static
+from .base import MISSING, resolve_copies, try_static
 from .ir_builder import retarget
 from .plan_tasks import _assignments
 
@@ -52,6 +55,13 @@ _INVARIANT_OPS = ("binop", "unary", "build_tuple", "cast", "static_getitem", "ge
 # -- analysis ------------------------------------------------------------------------------------------
 
 _DEAD_IF_UNUSED = ("getitem", "static_getitem", "binop", "inplace_binop", "unary", "cast", "build_tuple", "getattr")
+_PURE_LOADS = (array_access.array_load,)   # DirectArrayAccess's unchecked ndarray load
+
+
+def _dead_if_unused(state, expr) -> bool:
+    if expr.op == "call":
+        return try_static(state, expr.func) in _PURE_LOADS
+    return expr.op in _DEAD_IF_UNUSED
 
 
 def _uses(state) -> tuple[dict, set]:
@@ -72,7 +82,7 @@ def _uses(state) -> tuple[dict, set]:
         for block in state.func_ir.blocks.values():
             for stmt in block.body:
                 if id(stmt) not in dead and isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) \
-                        and stmt.value.op in _DEAD_IF_UNUSED and not out.get(stmt.target.name, 0) \
+                        and _dead_if_unused(state, stmt.value) and not out.get(stmt.target.name, 0) \
                         and len(state.func_ir._definitions.get(stmt.target.name, ())) == 1:
                     dead.add(id(stmt))
                     for name in reads[id(stmt)]:
@@ -180,8 +190,15 @@ class _Loop:
         out = []
         for name, stmts in mentions.items():
             sites = [c for c in candidates if c.root.name == name]
-            ok = len(sites) == len(stmts) and {id(s.stmt) for s in sites} == {id(s) for s in stmts}
-            if ok and len({rd.COMBINE_OP[s.op] for s in sites}) == 1:
+            if len(sites) != len(stmts) or {id(s.stmt) for s in sites} != {id(s) for s in stmts}:
+                continue
+            # ops of one class per address; addresses are told apart only when all are constants
+            indices = [try_static(self.state, s.stmt.value.args[1]) for s in sites]
+            keys = indices if MISSING not in indices and all(_hashable(i) for i in indices) else [0] * len(sites)
+            classes = {}
+            for key, s in zip(keys, sites):
+                classes.setdefault(key, set()).add(rd.COMBINE_OP[s.op])
+            if all(len(c) == 1 for c in classes.values()):
                 out += [s for s in sites if self.invariant(s.stmt.value.args[1])]
         return out
 
@@ -248,6 +265,14 @@ class _Loop:
         new = scope.redefine("$qd_reduce_index", loc)
         out.append(ir.Assign(value, new, loc))
         return new
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _scalar_data(state, root) -> bool:

@@ -44,7 +44,7 @@ from ..lowering import array_access
 from ..lowering import reduce as rd
 from ..lowering import subscripts as sub_impl
 from .base import MISSING, resolve_copies, try_static
-from .ir_builder import retarget
+from .ir_builder import retarget, successors
 from .plan_tasks import _assignments
 
 _INPLACE_OPS = {operator.iadd: "add", operator.isub: "sub"}
@@ -108,8 +108,8 @@ def kernel_scope_reduction(state, lp, name: str, uses=None):
     uses, dead = _uses(state) if uses is None else uses
     blocks = state.func_ir.blocks
     assigns = _assignments(state)
-    if not any(lbl not in lp.body for lbl, _ in assigns.get(name, ())):
-        return None                      # never set before the loop
+    if not any(lbl not in lp.body for lbl, _ in assigns.get(name, ())) or not _exits_directly(state, lp):
+        return None                      # never set before the loop, or no place for the combine
     sites, allowed = [], set()
     for lbl in lp.body:
         body = blocks[lbl].body
@@ -139,6 +139,11 @@ def kernel_scope_reduction(state, lp, name: str, uses=None):
                 continue
             return None
     return sites
+
+
+def _exits_directly(state, lp) -> bool:
+    """The loop's header branches to its exit (where the combine block goes; not a ``for ... else``)."""
+    return lp.exit in successors(state.ir, state.func_ir.blocks[lp.header])
 
 
 def _local_update(state, stmt, name):
@@ -174,6 +179,8 @@ class _Loop:
     def global_sites(self) -> list[_GlobalSite]:
         state, ir = self.state, self.state.ir
         blocks = state.func_ir.blocks
+        if not _exits_directly(state, self.lp):
+            return []
         candidates, mentions = [], {}
         for lbl in sorted(self.lp.body):
             for stmt in blocks[lbl].body:

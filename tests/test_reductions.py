@@ -381,3 +381,27 @@ def test_gpu_kernel_scope_locals_and_anchor(rng, on_cuda):
     test_varying_address_and_other_accesses(rng)
     test_uniform_atomics_on_ndarrays(rng)
     test_anchor_forward(rng)
+
+
+def _ir_text(state):
+    import io
+
+    out = io.StringIO()
+    state.func_ir.dump(file=out)
+    return out.getvalue()
+
+
+def test_pass_reports_changes_and_is_idempotent():
+    from numba.core import types
+
+    from qd_numba.passes.base import IRTools
+    from qd_numba.passes.reductions import ReduceAtomics
+    from qd_numba.targets.untyped import untyped_compile
+
+    f64, i32 = types.Array(types.float64, 1, "C"), types.Array(types.int32, 1, "C")
+    for kernel, params, reduced in ((local_stats, {"a": f64, "out": f64}, True), (histogram, {"v": i32}, False)):
+        state = untyped_compile(kernel, IRTools.for_cpu(), params, {})
+        text = _ir_text(state)
+        assert ("reduce_combine" in text) == reduced
+        assert ReduceAtomics().run(state) is False      # nothing left to reduce: the IR stays as it was
+        assert _ir_text(state) == text

@@ -322,14 +322,18 @@ class ReduceAtomics:
             return False
         state.refresh_definitions()
         assigns, uses = _assignments(state), _uses(state)
-        warp = bool(getattr(state.config, "warp_reduce", True))
+        warp = state.config.warp_reduce
+        analysis, blocks = state.tools.analysis, state.func_ir.blocks
+        usedefs = analysis.compute_use_defs(blocks)
+        live_map = analysis.compute_live_map(analysis.compute_cfg_from_blocks(blocks), blocks, usedefs.usemap,
+                                             usedefs.defmap)
         plans = []
         cells = 0
         for lp in state.loops:
             loop = _Loop(state, lp, assigns, uses)
             sites = loop.global_sites() if warp else []
             locals_ = []
-            for name in self._leaked(state, lp):
+            for name in self._leaked(state, lp, live_map):
                 found = kernel_scope_reduction(state, lp, name, uses)
                 if found is not None:
                     locals_.append((name, found, cells))
@@ -348,13 +352,11 @@ class ReduceAtomics:
         return True
 
     @staticmethod
-    def _leaked(state, lp) -> list[str]:
+    def _leaked(state, lp, live_map) -> list[str]:
         """User locals assigned in the loop and live after it (Offload let only reductions through)."""
-        ir, analysis = state.ir, state.tools.analysis
+        ir = state.ir
         blocks = state.func_ir.blocks
-        cfg = analysis.compute_cfg_from_blocks(blocks)
-        usedefs = analysis.compute_use_defs(blocks)
-        live = analysis.compute_live_map(cfg, blocks, usedefs.usemap, usedefs.defmap).get(lp.exit, ())
+        live = live_map.get(lp.exit, ())
         defined = {stmt.target.name for lbl in lp.body for stmt in blocks[lbl].body
                    if isinstance(stmt, ir.Assign) and not state.is_temp(stmt.target)}
         return sorted(defined & set(live))

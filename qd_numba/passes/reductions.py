@@ -94,7 +94,6 @@ def _uses(state) -> tuple[dict, set]:
 @dataclasses.dataclass
 class _LocalSite:
     """One update of a kernel-scope local in a loop body."""
-    label: int
     update: object          # the statement computing the new value (inplace_binop or apply_op call)
     store: object           # ``s = <new value>``
     value: object           # the operand
@@ -124,7 +123,7 @@ def kernel_scope_reduction(state, lp, name: str, uses=None):
                           and isinstance(s.value, ir.Var) and s.value.name == stmt.target.name), None)
             if store is None or uses.get(stmt.target.name, 0) != 1:
                 return None
-            sites.append(_LocalSite(lbl, stmt, store, value, op))
+            sites.append(_LocalSite(stmt, store, value, op))
             allowed.update((id(stmt), id(store)))
     if not sites or len({rd.COMBINE_OP[s.op] for s in sites}) != 1:
         return None
@@ -161,7 +160,6 @@ def _local_update(state, stmt, name):
 
 @dataclasses.dataclass
 class _GlobalSite:
-    label: int
     stmt: object            # ``$old = atomic_update(G, I, V, op)``
     root: object            # the variable holding G's argument
     op: str
@@ -186,7 +184,7 @@ class _Loop:
             for stmt in blocks[lbl].body:
                 if id(stmt) in self.dead:
                     continue
-                site = self._atomic_site(lbl, stmt)
+                site = self._atomic_site(stmt)
                 if site is not None:
                     candidates.append(site)
                 copy = isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Var)
@@ -209,7 +207,7 @@ class _Loop:
                 out += [s for s in sites if self.invariant(s.stmt.value.args[1])]
         return out
 
-    def _atomic_site(self, lbl, stmt):
+    def _atomic_site(self, stmt):
         state, ir = self.state, self.state.ir
         if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call"
                 and len(stmt.value.args) == 4 and try_static(state, stmt.value.func) is sub_impl.atomic_update):
@@ -218,7 +216,7 @@ class _Loop:
         root = self._root(stmt.value.args[0])
         if op not in _REDUCIBLE or root is None or self.uses.get(stmt.target.name, 0) or not _scalar_data(state, root):
             return None
-        return _GlobalSite(lbl, stmt, root, op)
+        return _GlobalSite(stmt, root, op)
 
     def _root(self, var):
         """The variable holding the global data argument ``var`` copies, or None."""

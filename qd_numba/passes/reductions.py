@@ -321,17 +321,15 @@ class ReduceAtomics:
         state.refresh_definitions()
         assigns, uses = _assignments(state), _uses(state)
         warp = state.config.warp_reduce
-        analysis, blocks = state.tools.analysis, state.func_ir.blocks
-        usedefs = analysis.compute_use_defs(blocks)
-        live_map = analysis.compute_live_map(analysis.compute_cfg_from_blocks(blocks), blocks, usedefs.usemap,
-                                             usedefs.defmap)
+        candidates = {lp.header: self._local_candidates(state, lp) for lp in state.loops}
+        live_map = self._live_map(state) if any(candidates.values()) else {}
         plans = []
         cells = 0
         for lp in state.loops:
             loop = _Loop(state, lp, assigns, uses)
             sites = loop.global_sites() if warp else []
             locals_ = []
-            for name in self._leaked(state, lp, live_map):
+            for name in sorted(candidates[lp.header] & set(live_map.get(lp.exit, ()))):
                 found = kernel_scope_reduction(state, lp, name, uses)
                 if found is not None:
                     locals_.append((name, found, cells))
@@ -350,14 +348,28 @@ class ReduceAtomics:
         return True
 
     @staticmethod
-    def _leaked(state, lp, live_map) -> list[str]:
-        """User locals assigned in the loop and live after it (Offload let only reductions through)."""
+    def _local_candidates(state, lp) -> set:
+        """User locals the loop updates as ``s += v``/``s -= v`` or ``qd.atomic_<op>(s, v)``: the
+        only ones that can be kernel-scope reductions (then the kernel's liveness is needed)."""
         ir = state.ir
-        blocks = state.func_ir.blocks
-        live = live_map.get(lp.exit, ())
-        defined = {stmt.target.name for lbl in lp.body for stmt in blocks[lbl].body
-                   if isinstance(stmt, ir.Assign) and not state.is_temp(stmt.target)}
-        return sorted(defined & set(live))
+        out = set()
+        for lbl in lp.body:
+            for stmt in state.func_ir.blocks[lbl].body:
+                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)):
+                    continue
+                expr = stmt.value
+                first = expr.lhs if expr.op == "inplace_binop" else \
+                    expr.args[0] if expr.op == "call" and expr.args else None
+                if first is not None and not state.is_temp(first) and _local_update(state, stmt, first.name):
+                    out.add(first.name)
+        return out
+
+    @staticmethod
+    def _live_map(state) -> dict:
+        analysis, blocks = state.tools.analysis, state.func_ir.blocks
+        usedefs = analysis.compute_use_defs(blocks)
+        return analysis.compute_live_map(analysis.compute_cfg_from_blocks(blocks), blocks, usedefs.usemap,
+                                         usedefs.defmap)
 
     @staticmethod
     def _cell_field(state, cells: int):

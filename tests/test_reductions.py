@@ -349,6 +349,36 @@ def test_vector_kernel_scope_local_is_a_clear_error():
         vector_local(np.ones(8))
 
 
+fused_out = qd.field(qd.f64, shape=(5000,))
+fused_total = qd.field(qd.f64, shape=())
+
+
+@qd.kernel(fuse=True)
+def fused_loops(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
+    s = 0.0
+    for i in range(a.shape[0]):
+        fused_out[i] = a[i] * 2.0
+    for i in range(a.shape[0]):
+        s += a[i]
+        fused_total[None] += fused_out[i]
+    return s
+
+
+def test_reductions_in_fused_loops_and_debug_mode(rng):
+    for debug in (False, True):
+        qd.init(debug=debug)
+        try:
+            a = rng.uniform(-1, 1, 5000)
+            fused_total[None] = 0.0
+            assert np.isclose(fused_loops(a), a.sum(), rtol=1e-12, atol=1e-10)
+            assert np.isclose(fused_total[None], 2 * a.sum(), rtol=1e-12, atol=1e-10)
+            tasks = fused_loops.tasks(a)
+            assert [t.kind for t in tasks] == ["serial", "range_for", "serial"] and len(tasks[1].fused_from) == 2
+            _run_uniform(rng, qd.f32, 1037)
+        finally:
+            qd.init()
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------
 
 @pytest.fixture

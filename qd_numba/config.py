@@ -85,6 +85,7 @@ class Config:
     kernel_fusion_budget: int = 600              # QD_KERNEL_FUSION_BUDGET: max IR statements of a fused body
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
+    warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
     offline_cache: bool = True          # QD_OFFLINE_CACHE: reuse compiled kernels across processes (offline_cache.py)
     offline_cache_file_path: str = ""   # QD_OFFLINE_CACHE_FILE_PATH: its directory ("": ~/.cache/qd_numba/qdcache)
@@ -124,6 +125,7 @@ def config_from_env(**overrides) -> Config:
         offline_cache_cleaning_policy=os.environ.get("QD_OFFLINE_CACHE_CLEANING_POLICY", "lru").strip().lower(),
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
+        warp_reduce=env_flag("QD_WARP_REDUCE", True),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):

@@ -194,10 +194,10 @@ def dot(a: qd.types.ndarray(dtype=qd.f32, ndim=1), b: qd.types.ndarray(dtype=qd.
 
 
 @qd.kernel
-def dot_local(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
+def last_local(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
     s = 0.0
     for i in range(a.shape[0]):
-        s += a[i]
+        s = a[i]
     return s
 
 
@@ -227,10 +227,11 @@ def test_scalar_return_reduction(rng):
     np.testing.assert_allclose(dot(a, b), np.dot(a, b), rtol=1e-4, atol=1e-5)
 
 
-def test_local_reduction_rejected():
-    # documented: a local assigned inside a parallel loop and read after it is an error
+def test_local_assigned_in_loop_rejected():
+    # documented: a local assigned inside a parallel loop and read after it is an error (a
+    # kernel-scope reduction, updated only with += / qd.atomic_*, is not: tests/test_reductions.py)
     with pytest.raises(qd.QuadrantsSyntaxError, match="parallel"):
-        dot_local(np.ones(4, np.float32))
+        last_local(np.ones(4, np.float32))
 
 
 # -- template params -------------------------------------------------------------------------

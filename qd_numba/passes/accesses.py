@@ -13,6 +13,7 @@ import dataclasses
 import operator
 import sys
 
+from ..lowering import reduce as reduce_impl
 from ..lowering import spaces
 from ..lowering import subscripts as sub_impl
 from .base import MISSING, try_static
@@ -333,7 +334,8 @@ class BodyAccesses:
 def _access_callees() -> dict:
     """The compiled helpers that access global data as ``helper(base, index, ...)``: callee ->
     "load" | "store" | "atomic"."""
-    table = {sub_impl.atomic_update: "atomic", sub_impl.nested_atomic: "atomic", sub_impl.write_back: "store"}
+    table = {sub_impl.atomic_update: "atomic", sub_impl.nested_atomic: "atomic", sub_impl.write_back: "store",
+             reduce_impl.reduce_combine: "atomic"}
     direct = sys.modules.get("qd_numba.lowering.array_access")   # the DirectArrayAccess rewrite
     if direct is not None:
         for load in (direct.array_load, direct.checked_array_load):

@@ -13,7 +13,8 @@ loop (``range``, ``qd.ndrange``, ``qd.grouped``, struct-for over a field/ndarray
 
 PlanTasks (passes/plan_tasks.py) then adds the serial Tasks. Rejected here: ``break``/``return``
 out of a parallel loop, a loop target count that does not match the space, and locals assigned
-inside a parallel loop but read after it.
+inside a parallel loop but read after it (except the kernel-scope reductions
+that ReduceAtomics, passes/reductions.py, rewrites).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .dead_code import remove_dead_pure
 from .fold_static import bypass_jump_only_headers, loop_shape
 from .liveness import Liveness
 from .plan_tasks import launched_headers, task_prefix
+from .reductions import kernel_scope_reduction
 
 
 @dataclasses.dataclass
@@ -138,7 +140,8 @@ class Offload:
                 for stmt in blocks[lbl].body:
                     if isinstance(stmt, ir.Assign) and not state.is_temp(stmt.target):
                         defined.setdefault(stmt.target.name, stmt.loc)
-            leaked = sorted(liveness.live_at(lp.exit, defined))   # assigned in the body: never pinned
+            leaked = [name for name in sorted(liveness.live_at(lp.exit, defined))   # assigned in the body
+                      if kernel_scope_reduction(state, lp, name) is None]   # ReduceAtomics rewrites those
             if leaked:
                 raise state.error(
                     QuadrantsSyntaxError,

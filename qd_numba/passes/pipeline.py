@@ -25,6 +25,7 @@ from .inline_funcs import InlineFuncs
 from .offload import Offload
 from .plan_tasks import PlanTasks
 from .random_streams import BindRandomStreams
+from .reductions import ReduceAtomics
 from .resolve_globals import CheckGlobals, ResolveGlobals
 from .rewrite_subscripts import RewriteSubscripts
 from .verify import verify_final, verify_ir
@@ -49,7 +50,7 @@ UNTYPED_PIPELINE = (
           fixed_point=True),
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
-    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),
+    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks)),
     Stage("autodiff", (ReverseMode,)),
 )
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import QuadrantsCompilationError
-from ..lowering import spaces
+from ..lowering import reduce, spaces
 from ..task import Task
 from .accesses import BodyAccesses, resource_name, serial_definitions
 from .base import is_global_data, try_static
@@ -36,7 +36,8 @@ def task_prefix(state) -> str:
     return state.kernel_qualname or state.kernel_name
 
 
-_PURE_CALLS = (spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total)
+_PURE_CALLS = (spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
+               reduce.reduce_identity)
 
 
 @dataclasses.dataclass

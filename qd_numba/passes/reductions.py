@@ -316,7 +316,9 @@ class ReduceAtomics:
     name = "reduce_atomics"
 
     def run(self, state) -> bool:
-        if not state.loops:
+        # the gradient compile differentiates the forward body as written: ReverseMode drops its
+        # stores and atomics, and a partial would be a call it cannot differentiate
+        if not state.loops or state.autodiff_mode is not None:
             return False
         state.refresh_definitions()
         assigns, uses = _assignments(state), _uses(state)

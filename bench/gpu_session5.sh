@@ -17,10 +17,11 @@ for step in "$@"; do
       python3 -m pytest -q -p no:cacheprovider -n 8 -m cuda tests > "$OUT/gpu_marked.log" 2>&1; tail -6 "$OUT/gpu_marked.log"
       python3 -m pytest -q -p no:cacheprovider -n 8 --arch=cuda -m "not cuda and not slow" tests > "$OUT/gpu_suite.log" 2>&1
       grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | head -30; tail -2 "$OUT/gpu_suite.log" ;;
-    sbs) timeout 300 python3 bench/side_by_side.py --arch cuda --out "$OUT/side_by_side_cuda.json" 2>&1 | tail -3 ;;
+    sbs) timeout 300 python3 bench/side_by_side.py --arch cuda --impls ${QD_IMPLS:-qd_numba,quadrants} --out "$OUT/side_by_side_cuda.json" 2>&1 | tail -3 ;;
     compile) timeout 240 python3 bench/compile_time.py --arch cuda --max-k 64 --out "$OUT" 2>&1 | tail -12 ;;
     before_after) timeout 300 python3 bench/before_after.py .before . --arch cuda --rounds 2 2>&1 | tail -14 ;;
     reduce) timeout 120 python3 bench/reduce.py --arch cuda 2>&1 | tail -12 ;;
-    cache) timeout 200 python3 bench/offline_cache_bench.py --arch cuda 2>&1 | tail -12 ;;
+    debug) python3 .devscratch/plans_debug.py 2>&1 | tail -8 ;;
+    cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac
 done

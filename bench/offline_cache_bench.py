@@ -56,7 +56,8 @@ print(t1 - t0, t2 - t1, offline_cache.stats.hits)
 
 
 def one_process(src: str, cache: str) -> tuple:
-    env = dict(os.environ, PYTHONPATH=REPO, QD_CUDA_COMPILE_CHECK="0")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])]),
+               QD_CUDA_COMPILE_CHECK="0")
     out = subprocess.run([sys.executable, "-c", src, cache], capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])

@@ -27,6 +27,11 @@ pytestmark = pytest.mark.no_cuda_compile_check   # the cache is a CPU feature; i
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def _pythonpath() -> str:
+    """This checkout first, then the caller's path (where a GPU machine keeps its numpy)."""
+    return os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+
 SOURCE = """
 @qd.func
 def shift(v):
@@ -108,7 +113,8 @@ print(ns["scale"].compile_count, len(ns["scale"]._ir), s.hits, s.writes, s.disca
 
 def run_script(path, seed, env=None):
     return subprocess.Popen([sys.executable, "-c", SCRIPT, str(path), str(seed)], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": REPO, "QD_CUDA_COMPILE_CHECK": "0", **(env or {})},
+                            env={**os.environ, "PYTHONPATH": _pythonpath(), "QD_CUDA_COMPILE_CHECK": "0",
+                                 **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -32,6 +32,11 @@ pytestmark = pytest.mark.no_cuda_compile_check   # the tests compile for CUDA th
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def _pythonpath() -> str:
+    """This checkout first, then the caller's path (where a GPU machine keeps its numpy)."""
+    return os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+
 SOURCE = """
 @qd.kernel
 def step(a: qd.types.ndarray(dtype=qd.f32, ndim=1), s: qd.f32) -> qd.f32:
@@ -206,7 +211,7 @@ print(ns["step"].compile_count, len(ns["step"]._ir), s.hits, s.writes, s.discard
 
 def run_script(path, seed, offset=0.5, source=SOURCE):
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(path), str(seed), str(offset), textwrap.dedent(source)],
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": _pythonpath()}, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr
     return tuple(int(v) for v in out.stdout.split())

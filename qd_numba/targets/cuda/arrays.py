@@ -46,11 +46,12 @@ class ArrayView:
         self.dtype, self.shape, self.strides, self.ptr = dtype, shape, strides, ptr
         self.readonly, self.host, self.keep = readonly, host, keep
         contiguous, step = True, dtype.itemsize
-        for n, s in zip(reversed(shape), reversed(strides)):
-            if n != 1 and s != step:
-                contiguous = False
-                break
-            step *= n
+        if 0 not in shape:   # an empty array is contiguous whatever its strides (a device array of 0 has (0,))
+            for n, s in zip(reversed(shape), reversed(strides)):
+                if n != 1 and s != step:
+                    contiguous = False
+                    break
+                step *= n
         self.c_contiguous = contiguous
         self.spec = (dtype.num, dtype.itemsize, len(shape), contiguous, readonly)  # cheap to hash
 

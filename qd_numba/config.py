@@ -71,6 +71,8 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
+    cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
+    cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -95,6 +97,8 @@ def config_from_env(**overrides) -> Config:
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
         kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
+        cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
+        cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         log_level=log_level(os.environ["QD_LOG_LEVEL"]) if os.environ.get("QD_LOG_LEVEL", "").strip() else None,
     )
     for key, value in overrides.items():

@@ -16,6 +16,7 @@ from .array_access import DirectArrayAccess
 from .asserts import RewriteAsserts
 from .base import dump_ir
 from .bind_arguments import BindArguments
+from .cfg_optimize import CfgOptimize
 from .check_writes import CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
 from .fold_static import FoldStatic
@@ -48,7 +49,7 @@ UNTYPED_PIPELINE = (
           fixed_point=True),
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
-    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),
+    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks, CfgOptimize)),
 )
 
 

@@ -118,6 +118,7 @@ KNOWN_CYCLIC = {   # exactly the modules on a cycle at the time of writing
     "qd_numba.targets.cuda", "qd_numba.targets.cuda.kernel", "qd_numba.targets.cuda.plan",
     "qd_numba.targets.cuda.tasks", "qd_numba.typing.matrix",
     "qd_numba.targets.untyped",   # code that was in targets.cuda.plan / cpu_target, both on the cycle
+    "qd_numba.passes.cfg_optimize",   # a pass of the pipeline, as every other pass
 }
 
 

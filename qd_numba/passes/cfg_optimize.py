@@ -43,6 +43,7 @@ on (docs/optimisations.md). Never changes control flow, labels or the values cro
 from __future__ import annotations
 
 import builtins
+import functools
 
 from numba.core import types
 
@@ -97,12 +98,16 @@ def _constant(key):
     return None
 
 
+_VALUE_OPS = frozenset({"binop", "inplace_binop", "unary", "build_tuple"})
+
+
+@functools.lru_cache(maxsize=4096)
 def _addr_vars(addr) -> frozenset:
     """The variables an address is stated in (its fact dies when one of them is assigned)."""
     if addr[0] == "var":
         return frozenset((addr[1],))
-    if addr[0] == "tuple":
-        return frozenset().union(*(_addr_vars(a) for a in addr[1:]))
+    if addr[0] == "expr":
+        return frozenset().union(*(_addr_vars(a) for a in addr[3:]))
     return frozenset()
 
 
@@ -174,26 +179,29 @@ class _TaskView:
         return str(dtype)
 
     # addresses
-    def address(self, block, pos, index_var):
-        """The address ``index_var`` selects at statement ``pos`` of ``block``."""
-        fp = self.acc.fingerprint(index_var)
+    def address(self, block, pos, var, depth=0):
+        """The address (or value) ``var`` holds at statement ``pos`` of ``block``: its fingerprint
+        when known; else the expression computing it earlier in the block, if none of the
+        variables it reads was assigned since (``a[(i + 1) % n]`` twice is one address); else the
+        variable itself."""
+        fp = self.acc.fingerprint(var)
         if not _has_opaque(fp.key):
             return self._fp_address(fp.key)
         ir = self.state.ir
-        d = self.acc.definition(index_var)
-        if isinstance(d, ir.Expr) and d.op == "build_tuple":
-            # a tuple index built just before the access: its items, if none was assigned in between
-            start = next((k for k in range(pos - 1, -1, -1) if isinstance(block.body[k], ir.Assign)
-                          and block.body[k].target.name == index_var.name), None)
-            items = {v.name for v in d.items}
-            if start is not None and not any(isinstance(s, ir.Assign) and s.target.name in items
-                                             for s in block.body[start + 1:pos]):
-                return ("tuple", *(self._item_address(v) for v in d.items))
-        return ("var", index_var.name)
-
-    def _item_address(self, var):
-        fp = self.acc.fingerprint(var)
-        return ("var", var.name) if _has_opaque(fp.key) else self._fp_address(fp.key)
+        d = self.state.definition(var)
+        if isinstance(d, (ir.Global, ir.FreeVar, ir.Const)) and isinstance(d.value, int) \
+                and not isinstance(d.value, bool):   # a global constant (N), which fingerprints leave opaque
+            return ("c", (d.value,))
+        at = next((k for k in range(pos - 1, -1, -1) if isinstance(block.body[k], ir.Assign)
+                   and block.body[k].target.name == var.name), None)
+        value = block.body[at].value if at is not None else None
+        if depth < 6 and isinstance(value, ir.Expr) and value.op in _VALUE_OPS:
+            operands = value.list_vars()
+            parts = [self.address(block, at, v, depth + 1) for v in operands]
+            read = frozenset().union(*(_addr_vars(p) for p in parts))
+            if not any(isinstance(s, ir.Assign) and s.target.name in read for s in block.body[at + 1:pos]):
+                return ("expr", value.op, value.fn if value.op != "build_tuple" else None, *parts)
+        return ("var", var.name)
 
     @staticmethod
     def _fp_address(key):
@@ -502,6 +510,29 @@ class _TaskOptimizer:
         return changed
 
 
+class _AssignedElsewhere:
+    """The names a serial task must not read as its own definitions: those assigned outside it
+    (a loop body's are those of serial code: :func:`accesses.serial_definitions`)."""
+
+    def __init__(self, owners, unit):
+        self.owners, self.unit = owners, id(unit)
+
+    def __contains__(self, name):
+        return self.owners.get(name, {None}) != {self.unit}
+
+
+def _owners(state) -> dict:
+    """name -> ids of the units (None: no unit) whose blocks assign it."""
+    ir = state.ir
+    unit_of = {lbl: id(u) for u in state.task_plan.units for lbl in u.labels}
+    out = {}
+    for lbl, block in state.func_ir.blocks.items():
+        for stmt in block.body:
+            if isinstance(stmt, ir.Assign):
+                out.setdefault(stmt.target.name, set()).add(unit_of.get(lbl))
+    return out
+
+
 class CfgOptimize:
     name = "cfg_optimize"
 
@@ -510,12 +541,13 @@ class CfgOptimize:
         if not (config.cfg_optimization and config.cfg_optimization_per_task) or state.task_plan is None:
             return False
         state.refresh_definitions()
-        serial_defs = serial_definitions(state)
+        serial_defs, owners = serial_definitions(state), _owners(state)
         changed_units = []
         for unit in state.task_plan.units:
             if unit.kind == "serial" and unit.start is None:
                 continue
-            if _TaskOptimizer(state, unit, serial_defs).run(eliminate_stores=not config.debug):
+            defs = serial_defs if unit.kind == "range_for" else _AssignedElsewhere(owners, unit)
+            if _TaskOptimizer(state, unit, defs).run(eliminate_stores=not config.debug):
                 changed_units.append(unit)
                 state.refresh_definitions()
         if not changed_units:

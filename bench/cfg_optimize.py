@@ -9,7 +9,8 @@ Workloads (public API only):
   a velocity stored twice, a bounce under an ``if``;
 * ``stencil``: a 2-D diffusion step reading each centre element several times;
 * ``k_loops``: the compile-time kernel of issue 12 (``--loops`` top-level loops, each a few
-  float ops on its own pair of fields): what the pass costs at compile time.
+  float ops on its own pair of fields): what the pass costs at compile time; first alone, the
+  untyped pipeline for K = ``--scaling`` loops (the pass must stay linear in the task count).
 
 For each: the loads and stores of global data its tasks make (``kernel.tasks()``), the best
 run time over ``--reps`` calls, the cold compile time (first call after ``qd.init``) and the time
@@ -43,11 +44,47 @@ def _timed_pass(run):
 cfg_optimize.CfgOptimize.run = _timed_pass(cfg_optimize.CfgOptimize.run)
 
 
+def k_loop_kernel(loops):
+    """Issue 12's compile-time kernel: ``loops`` top-level loops, each on its own pair of fields."""
+    pairs = [(qd.field(qd.f32, shape=64), qd.field(qd.f32, shape=64)) for _ in range(loops)]
+    src = ["def k_loops():"]
+    for k in range(loops):
+        src += ["    for i in range(64):", f"        b{k}[i] = a{k}[i] * 2.0 + 1.0",
+                f"        a{k}[i] = b{k}[i] - a{k}[i]"]
+    ns = {"qd": qd, **{f"a{k}": p[0] for k, p in enumerate(pairs)}, **{f"b{k}": p[1] for k, p in enumerate(pairs)}}
+    exec(compile("\n".join(src) + "\n", f"<k_loops_{loops}>", "exec"), ns)
+    return qd.kernel(ns["k_loops"])
+
+
+def pass_scaling(sizes, rounds=3):
+    """The untyped pipeline of the K-loop kernel with the pass off and on, and the pass alone
+    (best of ``rounds``): the pass must stay linear in the number of tasks."""
+    from qd_numba.passes.base import IRTools
+    from qd_numba.targets.untyped import untyped_compile
+
+    rows = []
+    for loops in sizes:
+        kernel = k_loop_kernel(loops)
+        row = {"loops": loops}
+        for on in (False, True):
+            qd.init(arch=qd.cpu, cfg_optimization=on)
+            best, best_pass = float("inf"), float("inf")
+            for _ in range(rounds):
+                _PASS_TIME.clear()
+                t0 = time.perf_counter()
+                untyped_compile(kernel, IRTools.for_cpu(), {}, {})
+                best = min(best, time.perf_counter() - t0)
+                best_pass = min(best_pass, sum(_PASS_TIME))
+            row[on] = best
+            row["pass"] = best_pass
+        rows.append(row)
+    return rows
+
+
 def build(n, loops):
     side = int(round(n ** 0.5))
     x, v, f, m, e = (qd.field(qd.f32, shape=n) for _ in range(5))
     u, w = qd.field(qd.f32, shape=(side, side)), qd.field(qd.f32, shape=(side, side))
-    pairs = [(qd.field(qd.f32, shape=64), qd.field(qd.f32, shape=64)) for _ in range(loops)]
 
     @qd.kernel
     def integrate(dt: qd.f32, damping: qd.f32):
@@ -68,13 +105,7 @@ def build(n, loops):
             if w[i, j] > 1.0:
                 w[i, j] = 1.0
 
-    src = ["def k_loops():"]
-    for k in range(loops):
-        src += ["    for i in range(64):", f"        b{k}[i] = a{k}[i] * 2.0 + 1.0",
-                f"        a{k}[i] = b{k}[i] - a{k}[i]"]
-    ns = {"qd": qd, **{f"a{k}": p[0] for k, p in enumerate(pairs)}, **{f"b{k}": p[1] for k, p in enumerate(pairs)}}
-    exec(compile("\n".join(src) + "\n", "<k_loops>", "exec"), ns)
-    k_loops = qd.kernel(ns["k_loops"])
+    k_loops = k_loop_kernel(loops)
 
     rng = np.random.default_rng(0)
     for fld in (x, v, f):
@@ -119,7 +150,15 @@ def main():
     ap.add_argument("--n", type=int, default=4_000_000)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--loops", type=int, default=32)
+    ap.add_argument("--scaling", default="8,32,128", help="loop counts of the compile-time scaling table")
     args = ap.parse_args()
+    print("untyped pipeline of the K-loop kernel (best of 3), pass off / on, and the pass alone:\n")
+    print("| K | untyped off (ms) | untyped on (ms) | pass (ms) | pass per task (ms) |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in pass_scaling([int(k) for k in args.scaling.split(",")]):
+        print(f"| {row['loops']} | {row[False] * 1e3:.1f} | {row[True] * 1e3:.1f} | {row['pass'] * 1e3:.1f} "
+              f"| {row['pass'] * 1e3 / row['loops']:.2f} |")
+    print()
     off = measure(args.arch, False, args.n, args.reps, args.loops)
     on = measure(args.arch, True, args.n, args.reps, args.loops)
     print(f"arch={args.arch} n={args.n} reps={args.reps} loops={args.loops}\n")

@@ -188,6 +188,25 @@ def test_ndarray_arguments_of_one_dtype_may_alias(rng):
     np.testing.assert_array_equal(fa.to_numpy(), np.full(N, 4.0, np.float32))
 
 
+def test_a_view_of_global_data_stops_the_optimisation_of_its_resource(rng):
+    @qd.kernel
+    def view(a: qd.types.ndarray(dtype=qd.f32, ndim=2), b: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(a.shape[0]):
+            row = a[i]
+            a[i, 0] = 1.0
+            row[0] = 5.0           # a store through the view: a[i, 0] is 5 now
+            b[i] = a[i, 0] + fb[i] + fb[i]
+
+    a = rng.random((N, 3)).astype(np.float32)
+    b = np.zeros(N, np.float32)
+    fb_values = rng.random(N).astype(np.float32)
+    fb.from_numpy(fb_values)
+    view(a, b)
+    np.testing.assert_allclose(b, 5.0 + 2 * fb_values, rtol=1e-6)
+    (task,) = range_tasks(view, a, b)
+    assert counts(task)[0] == 3              # the view, a[i, 0] (kept), fb[i] once
+
+
 def test_serial_task_and_0d_fields(rng):
     counter = qd.field(qd.i32, shape=(), name="counter")
     ints = qd.field(qd.i32, shape=N, name="ints")

@@ -111,7 +111,7 @@ def test_field_element_in_a_condition_is_read_when_the_kernel_runs(rng):
     @qd.kernel
     def branch():
         out[None] = 0
-        for i in range(4):
+        for _ in range(4):
             if flag[1] > 0.5:      # not a compile-time value: the field's contents at each call
                 qd.atomic_add(out[None], 1)
 

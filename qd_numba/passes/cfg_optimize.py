@@ -123,12 +123,20 @@ class _Effects:
         self.effects, self.defs = effects, defs
 
 
+class _IndexAnalysis(BodyAccesses):
+    """BodyAccesses' definitions, fingerprints and resources, without its list of accesses
+    (this pass classifies the statements itself)."""
+
+    def _visit(self, stmt):
+        return None
+
+
 class _TaskView:
     """One task's statements classified: addresses, aliasing, effects."""
 
     def __init__(self, state, unit, serial_defs):
         self.state = state
-        self.acc = BodyAccesses(state, unit.loop, serial_defs, labels=unit.labels)
+        self.acc = _IndexAnalysis(state, unit.loop, serial_defs, labels=unit.labels)
         self.callees = _access_callees()
         self._resources = {}
         self._dtype = {}
@@ -420,7 +428,6 @@ class _TaskOptimizer:
         self.graph = _Graph(state, unit)
         self.blocks = state.func_ir.blocks
         self._effects = {}
-        self.forwarded = self.merged = self.dead_stores = 0
 
     def effects(self, lbl, pos):
         key = (lbl, pos)
@@ -428,12 +435,32 @@ class _TaskOptimizer:
             self._effects[key] = self.view.effects(self.blocks[lbl], pos)
         return self._effects[key]
 
+    def _classify(self):
+        """Every statement's effects; the accesses to a resource used in any other way in the task
+        (a view ``row = a[i]``, an argument of a call: writes through it are not seen) only read
+        and write, as atomics do."""
+        for lbl in self.graph.order:
+            for pos in range(len(self.blocks[lbl].body)):
+                self.effects(lbl, pos)
+        escaped = set()
+        for eff in self._effects.values():
+            for e in eff.effects:
+                if e[0] == "clobber":
+                    escaped |= e[1]
+        if not escaped:
+            return
+        for eff in self._effects.values():
+            eff.effects = [("atomic", e[1]) if e[0] in ("load", "store")
+                           and any(self.view.resources_alias(e[1][0], r) for r in escaped) else e
+                           for e in eff.effects]
+
     def run(self, eliminate_stores: bool) -> bool:
+        self._classify()
         changed = self._forward()
         if changed:
-            self.state.refresh_definitions()
             self.view = _TaskView(self.state, self.unit, self.serial_defs)
             self._effects.clear()
+            self._classify()
         if eliminate_stores:
             changed |= self._eliminate_dead_stores()
         return changed
@@ -471,19 +498,29 @@ class _TaskOptimizer:
                 continue
             source, dtype = fact
             loc = stmt.loc
+            self._drop_definition(stmt)
             if dtype is None:
-                self.merged += 1
                 if source != stmt.target.name:
-                    body.append(ir.Assign(ir.Var(block.scope, source, loc), stmt.target, loc))
-                continue
-            self.forwarded += 1
-            fn = block.scope.redefine("$qd_stored_value", loc)
-            name = block.scope.redefine("$qd_dtype", loc)
-            body += [ir.Assign(ir.Global("stored_value", field_impl.stored_value, loc), fn, loc),
-                     ir.Assign(ir.Const(dtype, loc), name, loc),
-                     ir.Assign(ir.Expr.call(fn, [ir.Var(block.scope, source, loc), name], (), loc), stmt.target,
-                               loc)]
+                    new = [ir.Assign(ir.Var(block.scope, source, loc), stmt.target, loc)]
+                else:
+                    new = []
+            else:
+                fn = block.scope.redefine("$qd_stored_value", loc)
+                name = block.scope.redefine("$qd_dtype", loc)
+                new = [ir.Assign(ir.Global("stored_value", field_impl.stored_value, loc), fn, loc),
+                       ir.Assign(ir.Const(dtype, loc), name, loc),
+                       ir.Assign(ir.Expr.call(fn, [ir.Var(block.scope, source, loc), name], (), loc), stmt.target,
+                                 loc)]
+            definitions = self.state.func_ir._definitions
+            for assign in new:   # kept current here: rebuilding them per task would be quadratic
+                definitions.setdefault(assign.target.name, []).append(assign.value)
+            body += new
         block.body = body
+
+    def _drop_definition(self, stmt):
+        if isinstance(stmt, self.state.ir.Assign):
+            defs = self.state.func_ir._definitions.get(stmt.target.name, [])
+            defs[:] = [d for d in defs if d is not stmt.value]
 
     # dead stores
     def _eliminate_dead_stores(self) -> bool:
@@ -504,7 +541,8 @@ class _TaskOptimizer:
                         dead.add(pos)
                 over = _backward_stmt(self.view, over, self.effects(lbl, pos), on_store)
             if dead:
-                self.dead_stores += len(dead)
+                for pos in dead:
+                    self._drop_definition(block.body[pos])
                 block.body = [s for pos, s in enumerate(block.body) if pos not in dead]
                 changed = True
         return changed
@@ -549,7 +587,6 @@ class CfgOptimize:
             defs = serial_defs if unit.kind == "range_for" else _AssignedElsewhere(owners, unit)
             if _TaskOptimizer(state, unit, defs).run(eliminate_stores=not config.debug):
                 changed_units.append(unit)
-                state.refresh_definitions()
         if not changed_units:
             return False
         labels = set().union(*(u.labels for u in changed_units))

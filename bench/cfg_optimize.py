@@ -1,7 +1,7 @@
 """Per-task CFG optimisation (passes/cfg_optimize.py): loads and stores removed, run time and
 compile time with the pass on and off.
 
-    python bench/cfg_optimize.py [--arch cpu|cuda] [--n 4000000] [--reps 20] [--loops 32]
+    python bench/cfg_optimize.py [--arch cpu|cuda] [--n 4000000] [--reps 20] [--rounds 3] [--loops 32]
 
 Workloads (public API only):
 
@@ -144,12 +144,23 @@ def measure(arch, on, n, reps, loops):
     return out
 
 
+def _combine(rounds):
+    out = {}
+    for name in rounds[0]:
+        rs = [r[name] for r in rounds]
+        out[name] = dict(counts=rs[0]["counts"], best=min(r["best"] for r in rs),
+                         median=statistics.median(r["median"] for r in rs), compile=min(r["compile"] for r in rs),
+                         pass_s=min(r["pass_s"] for r in rs))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--n", type=int, default=4_000_000)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--loops", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scaling", default="8,32,128", help="loop counts of the compile-time scaling table")
     args = ap.parse_args()
     print("untyped pipeline of the K-loop kernel (best of 3), pass off / on, and the pass alone:\n")
@@ -159,9 +170,13 @@ def main():
         print(f"| {row['loops']} | {row[False] * 1e3:.1f} | {row[True] * 1e3:.1f} | {row['pass'] * 1e3:.1f} "
               f"| {row['pass'] * 1e3 / row['loops']:.2f} |")
     print()
-    off = measure(args.arch, False, args.n, args.reps, args.loops)
-    on = measure(args.arch, True, args.n, args.reps, args.loops)
-    print(f"arch={args.arch} n={args.n} reps={args.reps} loops={args.loops}\n")
+    runs = {False: [], True: []}
+    for _ in range(args.rounds):          # alternating, against the drift of a shared machine
+        for on in (False, True):
+            runs[on].append(measure(args.arch, on, args.n, args.reps, args.loops))
+    off, on = (_combine(runs[flag]) for flag in (False, True))
+    print(f"arch={args.arch} n={args.n} reps={args.reps} rounds={args.rounds} loops={args.loops} "
+          f"(best: of all calls; median: of the rounds' medians; compile: best round)\n")
     print("| kernel | loads off → on | stores off → on | run best off / on (ms) | run median off / on (ms) "
           "| cold compile off / on (s) | pass time (ms) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

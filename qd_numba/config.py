@@ -93,6 +93,8 @@ class Config:
     offline_cache_cleaning_policy: str = "lru"   # QD_OFFLINE_CACHE_CLEANING_POLICY: lru | fifo | version | never
     offline_cache_cleaning_factor: float = 0.25  # QD_OFFLINE_CACHE_CLEANING_FACTOR: share removed when over the size
     compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
+    cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
+    cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -126,6 +128,8 @@ def config_from_env(**overrides) -> Config:
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
+        cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
+        cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):

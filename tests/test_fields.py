@@ -104,6 +104,28 @@ def test_rank0_field_in_kernel(rng):
     np.testing.assert_allclose(z0[None], 1.5 + data.sum(), rtol=1e-12)
 
 
+def test_field_element_in_a_condition_is_read_when_the_kernel_runs(rng):
+    flag = qd.field(qd.f32, shape=4)
+    out = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def branch():
+        out[None] = 0
+        for _ in range(4):
+            if flag[1] > 0.5:      # not a compile-time value: the field's contents at each call
+                qd.atomic_add(out[None], 1)
+
+    values = rng.random(4).astype(np.float32)
+    values[1] = 0.25
+    flag.from_numpy(values)
+    branch()
+    assert out[None] == 0
+    values[1] = 0.75
+    flag.from_numpy(values)
+    branch()
+    assert out[None] == 4
+
+
 def test_field_created_after_kernel_ran(rng):
     a = qd.field(qd.f32, shape=(8,))
     b = qd.field(qd.f32, shape=(8,))

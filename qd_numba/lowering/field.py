@@ -179,6 +179,22 @@ def _store_scalar(context, builder, ty, value, valty, ptr) -> None:
     builder.store(builder.bitcast(builder.fptrunc(single, llir.HalfType()), llir.IntType(16)), ptr)
 
 
+@intrinsic
+def stored_value(typingctx, value, dtype_name):
+    """What a load of a scalar element of dtype ``dtype_name`` (not ``f16``) returns after a store
+    of ``value`` there: the store's conversion. passes/cfg_optimize.py forwards stores with it."""
+    if not isinstance(dtype_name, types.StringLiteral):
+        return None
+    dtype = getattr(types, dtype_name.literal_value)
+    if not typingctx.can_convert(value, dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.cast(builder, args[0], sig.args[0], dtype)
+
+    return dtype(value, dtype_name), codegen
+
+
 def _round_to_odd_f32(builder, x):
     """``x`` (double) as a float rounded to odd: exact values stay, inexact ones get the odd
     neighbour toward zero. Rounding that to half then equals rounding ``x`` to half directly

@@ -147,6 +147,8 @@ def static_value(state: CompileState, var, permissive: bool = False):
             return getattr(sv(d.value), d.attr)
         except AttributeError as e:
             raise NotStatic(var) from e
+    if op in ("static_getitem", "getitem") and argument_of(state, d.value) is not None:
+        raise NotStatic(var)   # an element of a field or ndarray: its value when the kernel runs
     if op == "static_getitem":
         return sv(d.value)[d.index]
     if op == "getitem":

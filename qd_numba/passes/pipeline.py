@@ -17,6 +17,7 @@ from .asserts import RewriteAsserts
 from .autodiff import ReverseMode
 from .base import dump_ir
 from .bind_arguments import BindArguments
+from .cfg_optimize import CfgOptimize
 from .check_writes import CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
 from .fold_static import FoldStatic
@@ -50,7 +51,7 @@ UNTYPED_PIPELINE = (
           fixed_point=True),
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
-    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks)),
+    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),
     Stage("autodiff", (ReverseMode,)),
 )
 

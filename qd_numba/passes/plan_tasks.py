@@ -366,6 +366,17 @@ def does_work(state, stmt) -> bool:
     return True
 
 
+def with_accesses(state, unit, serial_defs) -> None:
+    """Give ``unit.task`` the accesses to global data its blocks make now, and the read and
+    write sets derived from them."""
+    found = BodyAccesses(state, unit.loop, serial_defs, labels=unit.labels).accesses
+    names = {a.resource: resource_name(state, a.resource) for a in found}
+    unit.task = dataclasses.replace(
+        unit.task, accesses=tuple(found),
+        reads=frozenset(names[a.resource] for a in found if a.kind == "read"),
+        writes=frozenset(names[a.resource] for a in found if a.kind == "write"))
+
+
 class PlanTasks:
     name = "plan_tasks"
 
@@ -375,11 +386,6 @@ class PlanTasks:
         state.task_plan = plan(state, state.returns_value)
         serial_defs = serial_definitions(state)
         for unit in state.task_plan.units:
-            found = BodyAccesses(state, unit.loop, serial_defs, labels=unit.labels).accesses
-            names = {a.resource: resource_name(state, a.resource) for a in found}
-            unit.task = dataclasses.replace(
-                unit.task, accesses=tuple(found),
-                reads=frozenset(names[a.resource] for a in found if a.kind == "read"),
-                writes=frozenset(names[a.resource] for a in found if a.kind == "write"))
+            with_accesses(state, unit, serial_defs)
         state.tasks = [unit.task for unit in state.task_plan.units]
         return [(t.kind, t.name, t.body) for t in state.tasks] != before

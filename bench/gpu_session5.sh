@@ -22,6 +22,8 @@ for step in "$@"; do
     before_after) timeout 300 python3 bench/before_after.py .before . --arch cuda --rounds 2 2>&1 | tail -14 ;;
     reduce) timeout 120 python3 bench/reduce.py --arch cuda 2>&1 | tail -12 ;;
     debug) python3 .devscratch/plans_debug.py 2>&1 | tail -8 ;;
+    profile) bash .devscratch/warm_profile.sh 2>&1 | tail -70 ;;
+    marked) python3 -m pytest -q -p no:cacheprovider -n 8 -m cuda tests 2>&1 | tail -8 ;;
     cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac
 done

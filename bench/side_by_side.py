@@ -46,8 +46,8 @@ def _median_call(fn, sync, batch, repeats=7):
 def _compile_module(impl: str, k: int) -> str:
     """Source of a module defining a K-loop kernel (fields created at import, after qd.init)."""
     lines = [f"import {impl} as qd", "import os", "N = 1 << 16"]
-    lines.append("fa = [qd.field(qd.f32, shape=N) for _ in range(%d)]" % k)
-    lines.append("fb = [qd.field(qd.f32, shape=N) for _ in range(%d)]" % k)
+    lines.append(f"fa = [qd.field(qd.f32, shape=N) for _ in range({k})]")
+    lines.append(f"fb = [qd.field(qd.f32, shape=N) for _ in range({k})]")
     for j in range(k):
         lines.append(f"a{j} = fa[{j}]\nb{j} = fb[{j}]")
     lines.append("@qd.kernel\ndef k_loops():")
@@ -114,7 +114,7 @@ def child_anchor(qd) -> dict:
     def forward():
         for i in x:
             v = x[i]
-            for j in range(n[None]):
+            for _ in range(n[None]):
                 v = qd.sin(v) * 1.01
             loss[None] += v
 
@@ -147,7 +147,8 @@ def child(args) -> None:
     else:
         init["offline_cache"] = False
     if args.impl == "quadrants" and args.workload == "anchor":
-        init["ad_stack_experimental_enabled"] = True  # Quadrants refuses a dynamic inner range in reverse mode without it
+        # Quadrants refuses a dynamic inner range in reverse mode without it
+        init["ad_stack_experimental_enabled"] = True
     qd.init(**init)
     if args.workload == "compile":
         res = child_compile(qd, args.k, args.workdir)
@@ -203,14 +204,16 @@ def main() -> None:
         with open(args.out, "w") as f:
             f.write(text + "\n")
     print(textwrap.shorten(text, 100000))
+    nan = float("nan")
     for impl in args.impls.split(","):
         r = results[impl]
         row = [f"{impl:10s}"]
         for k in map(int, args.ks.split(",")):
-            c = r[f"compile_K{k}"]
-            row.append(f"K{k} cold {c['cold'].get('compile_ms', float('nan')):.0f} warm {c['warm'].get('compile_ms', float('nan')):.1f} ms")
-        row.append(f"sum {r['sum'].get('sum_ms', float('nan')):.4f} ms")
-        row.append(f"fwd {r['anchor'].get('forward_ms', float('nan')):.4f} bwd {r['anchor'].get('backward_ms', float('nan')):.4f} ms")
+            cold, warm = (r[f"compile_K{k}"][w].get("compile_ms", nan) for w in ("cold", "warm"))
+            row.append(f"K{k} cold {cold:.0f} warm {warm:.1f} ms")
+        row.append(f"sum {r['sum'].get('sum_ms', nan):.4f} ms")
+        anchor = r["anchor"]
+        row.append(f"fwd {anchor.get('forward_ms', nan):.4f} bwd {anchor.get('backward_ms', nan):.4f} ms")
         print(" | ".join(row))
 
 

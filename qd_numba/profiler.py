@@ -353,7 +353,8 @@ class _CudaEventPool:
 
 class CudaLaunchTimer:
     """The launch of one profiled CUDA plan: ``launch(packed) -> status`` runs ``launch_timed
-    (packed, events)`` (targets/cuda/runtime.py), which records an event before and after each task,
+    (packed, events)`` (targets/cuda/runtime.py; both by address), which records an event before
+    and after each task,
     and queues the events for a lazy read. ``grids`` is the plan's view of its tasks' grids."""
 
     def __init__(self, kernel: str, task_names, launch_timed, grids):
@@ -365,10 +366,10 @@ class CudaLaunchTimer:
     def launch(self, packed) -> int:
         if not self.task_names:   # a kernel with no work launches nothing
             kernel_profiler.record(self.kernel, "cuda", now_ns(), 0, [])
-            return self.launch_timed(packed, np.zeros(0, np.int64))
+            return self.launch_timed(packed, 0)
         pool = kernel_profiler.events
         events = pool.take(2 * len(self.task_names))
-        status = self.launch_timed(packed, events)
+        status = self.launch_timed(packed, events.ctypes.data)
         if status >= 0:   # a failed launch: the caller raises; nothing to read
             pool.release(events)
         else:

@@ -41,9 +41,7 @@ from .runtime import (
     CudaRuntime,
     _check,
     _driver,
-    native_launcher,
-    native_task_launcher,
-    native_timed_launcher,
+    launchers,
 )
 
 CODEGEN_STAGES = ("task typing: the kernel typed once with numba-cuda's typing context, each Task given its "
@@ -100,9 +98,9 @@ class LaunchPlan:
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
-        self.launch_all = native_launcher()
+        self.launch_all = launchers().launch_all
         # qd.init(kernel_profiler=True): this plan launches through CUDA events (profiler.py)
-        self.timer = profiler.CudaLaunchTimer(kernel.qualname, [t.name for t in self.tasks], native_timed_launcher(),
+        self.timer = profiler.CudaLaunchTimer(kernel.qualname, [t.name for t in self.tasks], launchers().launch_timed,
                                               self.packed[PACK_HEAD + 1::PACK_TASK]) \
             if config.current.kernel_profiler else None
         # debug=True: (launch, device address of its int32 error word) per task that records exceptions
@@ -245,7 +243,8 @@ def _runner_source(plan):
     params = plan.params
     args = [f"a{i}" for i in range(len(params))]
     views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
-    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all, "packed": plan.packed,
+    # the launchers take the packed array by address (it lives as long as the plan)
+    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all, "packed": plan.packed.ctypes.data,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
     state, body = [], []
     for i, (name, kind) in enumerate(params):
@@ -280,7 +279,7 @@ def _runner_source(plan):
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
     ns["timer"] = plan.timer
     if plan.error_words:   # debug: one task at a time, stopping at the first that records an error
-        ns["launch_task"], ns["error_word_of"] = native_task_launcher(), plan.error_word_of
+        ns["launch_task"], ns["error_word_of"] = launchers().launch_task, plan.error_word_of
         body += [f"for k in range({len(plan.launches)}):",
                  "    status = launch_task(packed, k)",
                  "    if status >= 0:",

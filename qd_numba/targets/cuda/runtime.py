@@ -2,10 +2,10 @@
 
 ``_driver``/``_check`` wrap ``cuda.bindings.driver`` calls (a failure becomes a
 QuadrantsRuntimeError). The packed-launch layout (``PACK_HEAD``, ``PACK_TASK``) is the int64 array
-a plan hands to the Numba-compiled launchers (:func:`native_launcher`, :func:`native_task_launcher`,
-:func:`native_timed_launcher`), which call ``cuLaunchKernel`` once per task in one
-Python-to-native transition. :class:`CudaRuntime` is the process-wide state (device, occupancy,
-module loading, field tables); :func:`ensure_device` gives a field or qd.ndarray its device buffer.
+a plan hands, by address, to the native launch loops (:class:`Launchers`, built with llvmlite),
+which call ``cuLaunchKernel`` once per task in one Python-to-native transition.
+:class:`CudaRuntime` is the process-wide state (device, occupancy, module loading, field tables);
+:func:`ensure_device` gives a field or qd.ndarray its device buffer.
 
 This module never compiles kernels and never looks at kernel arguments (arrays.py, plan.py).
 """
@@ -39,101 +39,143 @@ def _check(result, what):
 
 # -- launching: one native call for all tasks of a kernel -------------------------------------------------
 
-_native_launch_all = None
-
 # Layout of a plan's packed launch array (int64): [number of tasks, stream handle, then per task
 # (CUfunction, grid, block, address of its void*[] parameter array)].
 PACK_HEAD, PACK_TASK = 2, 4
 
 
-def cu_launch_kernel():
-    """The driver's ``cuLaunchKernel`` through ctypes, callable from Numba-compiled code:
-    pointers pass as 64-bit integers (same registers in the x86-64/aarch64 C ABIs)."""
-    launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
-    launch.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
-    launch.restype = ctypes.c_int32
-    return launch
+class Launchers:
+    """The native launch loops, built straight with llvmlite (no Numba compile, so a process
+    whose kernels all come from the offline cache never starts Numba's CPU compiler), each
+    taking the address of a packed launch array and returning -1 or ``task index << 32 |
+    CUresult`` of the first failure:
+
+    - ``launch_all(packed)``: ``cuLaunchKernel`` for every task with a positive grid;
+    - ``launch_task(packed, k)``: task k alone (debug plans check each task's error word
+      before launching the next, so a failed check stops the kernel there, as on the CPU);
+    - ``launch_timed(packed, events)``: ``launch_all``'s loop for the kernel profiler, recording
+      CUDA event ``events[2k]`` before task k and ``events[2k + 1]`` after it (also around a
+      task with an empty grid, which does not launch).
+
+    ``launch`` and ``record`` are the addresses of ``cuLaunchKernel`` and ``cuEventRecord`` (the
+    tests pass stand-ins)."""
+
+    def __init__(self, launch: int, record: int):
+        import llvmlite.binding as llvm
+        from llvmlite import ir
+
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        launch_ty = ir.FunctionType(i32, [i64, i32, i32, i32, i32, i32, i32, i32, i64, i64, i64])
+        record_ty = ir.FunctionType(i32, [i64, i64])
+        module = ir.Module("qd_launchers")
+        one, zero32 = ir.Constant(i32, 1), ir.Constant(i32, 0)
+
+        def word(b, packed, index):
+            return b.load(b.gep(packed, [index]))
+
+        def task_words(b, packed, k):
+            base = b.add(ir.Constant(i64, PACK_HEAD), b.mul(k, ir.Constant(i64, PACK_TASK)))
+            return [word(b, packed, b.add(base, ir.Constant(i64, j))) for j in range(PACK_TASK)]
+
+        def failed(b, k, err):   # (k << 32) | err
+            return b.or_(b.shl(k, ir.Constant(i64, 32)), b.zext(err, i64))
+
+        def loop(name, extra, body):
+            """``name(packed, *extra)``: for k in range(packed[0]): body(...) -> err (i32, 0: go on)."""
+            fn = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), *extra]), name)
+            entry, head, work, fail, done = (fn.append_basic_block(n) for n in ("entry", "head", "work", "fail",
+                                                                                  "done"))
+            b = ir.IRBuilder(entry)
+            packed = fn.args[0]
+            n, stream = word(b, packed, ir.Constant(i64, 0)), word(b, packed, ir.Constant(i64, 1))
+            b.branch(head)
+            b.position_at_end(head)
+            k = b.phi(i64)
+            k.add_incoming(ir.Constant(i64, 0), entry)
+            b.cbranch(b.icmp_signed("<", k, n), work, done)
+            b.position_at_end(work)
+            err = body(b, fn, packed, k, stream)
+            nxt = b.add(k, ir.Constant(i64, 1))
+            k.add_incoming(nxt, b.block)
+            b.cbranch(b.icmp_unsigned("!=", err, zero32), fail, head)
+            b.position_at_end(fail)
+            b.ret(failed(b, k, err))
+            b.position_at_end(done)
+            b.ret(ir.Constant(i64, -1))
+
+        def launch_if_work(b, fn, packed, k, stream):
+            """cuLaunchKernel of task k if its grid is positive -> CUresult (0 without a launch)."""
+            task, grid, block, params = task_words(b, packed, k)
+            start = b.block
+            go, join = fn.append_basic_block("go"), fn.append_basic_block("join")
+            b.cbranch(b.icmp_signed(">", grid, ir.Constant(i64, 0)), go, join)
+            b.position_at_end(go)
+            target = b.inttoptr(ir.Constant(i64, launch), launch_ty.as_pointer())
+            err = b.call(target, [task, b.trunc(grid, i32), one, one, b.trunc(block, i32), one, one, zero32, stream,
+                                  params, ir.Constant(i64, 0)])
+            b.branch(join)
+            b.position_at_end(join)
+            result = b.phi(i32)
+            result.add_incoming(zero32, start)
+            result.add_incoming(err, go)
+            return result
+
+        def timed(b, fn, packed, k, stream):
+            events = fn.args[1]
+            rec = b.inttoptr(ir.Constant(i64, record), record_ty.as_pointer())
+            two_k = b.shl(k, ir.Constant(i64, 1))
+            err = b.call(rec, [word(b, events, two_k), stream])
+            before = b.block
+            launched, recorded, after = (fn.append_basic_block(n) for n in ("launch", "record_after", "after"))
+            b.cbranch(b.icmp_unsigned("==", err, zero32), launched, after)
+            b.position_at_end(launched)
+            err2 = launch_if_work(b, fn, packed, k, stream)
+            launched_end = b.block
+            b.cbranch(b.icmp_unsigned("==", err2, zero32), recorded, after)
+            b.position_at_end(recorded)
+            err3 = b.call(rec, [word(b, events, b.add(two_k, ir.Constant(i64, 1))), stream])
+            b.branch(after)
+            b.position_at_end(after)
+            result = b.phi(i32)
+            result.add_incoming(err, before)
+            result.add_incoming(err2, launched_end)
+            result.add_incoming(err3, recorded)
+            return result
+
+        loop("qd_launch_all", [], launch_if_work)
+        loop("qd_launch_timed", [i64.as_pointer()], timed)
+        one_task = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), i64]), "qd_launch_task")
+        b = ir.IRBuilder(one_task.append_basic_block("entry"))
+        packed, k = one_task.args
+        err = launch_if_work(b, one_task, packed, k, word(b, packed, ir.Constant(i64, 1)))
+        b.ret(b.select(b.icmp_unsigned("==", err, zero32), ir.Constant(i64, -1), failed(b, k, err)))
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        parsed = llvm.parse_assembly(str(module))
+        parsed.verify()
+        machine = llvm.Target.from_default_triple().create_target_machine(opt=2)
+        self._engine = llvm.create_mcjit_compiler(parsed, machine)   # owns the code: kept alive with self
+        self._engine.finalize_object()
+        address = self._engine.get_function_address
+        c_i64, c_ptr = ctypes.c_int64, ctypes.c_void_p
+        self.launch_all = ctypes.CFUNCTYPE(c_i64, c_ptr)(address("qd_launch_all"))
+        self.launch_task = ctypes.CFUNCTYPE(c_i64, c_ptr, c_i64)(address("qd_launch_task"))
+        self.launch_timed = ctypes.CFUNCTYPE(c_i64, c_ptr, c_ptr)(address("qd_launch_timed"))
 
 
-def native_launcher():
-    """``launch_all(packed) -> status``: a Numba-compiled loop calling the driver's
-    ``cuLaunchKernel`` through ctypes for every task with a positive grid. One
-    Python-to-native transition, with one array argument, per kernel call. The status is -1,
-    or ``task index << 32 | CUresult`` of the first failure."""
-    global _native_launch_all
-    if _native_launch_all is None:
-        import numba
-
-        launch = cu_launch_kernel()
-
-        @numba.njit(nogil=True)
-        def launch_task(packed, k):
-            base = PACK_HEAD + PACK_TASK * k
-            grid = packed[base + 1]
-            if grid > 0:
-                err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, packed[1], packed[base + 3], 0)
-                if err != 0:
-                    return (k << 32) | err
-            return -1
-
-        @numba.njit(nogil=True)
-        def launch_all(packed):   # the hot path: launch_task's body inlined by hand, the stream read once
-            stream = packed[1]
-            for k in range(packed[0]):
-                base = PACK_HEAD + PACK_TASK * k
-                grid = packed[base + 1]
-                if grid > 0:
-                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
-                    if err != 0:
-                        return (k << 32) | err
-            return -1
-
-        _native_launch_all = launch_all, launch_task
-    return _native_launch_all[0]
+_launchers = None
 
 
-def native_task_launcher():
-    """``launch_task(packed, k) -> status``: launch task k alone (debug plans check each task's
-    error word before launching the next, so a failed check stops the kernel there, as on the
-    CPU)."""
-    native_launcher()
-    return _native_launch_all[1]
-
-
-_native_launch_timed = None
-
-
-def native_timed_launcher():
-    """``launch_timed(packed, events) -> status``: :func:`native_launcher`'s loop for the kernel
-    profiler, recording the CUDA event ``events[2k]`` before task k and ``events[2k + 1]`` after
-    it (also around a task with an empty grid, which does not launch)."""
-    global _native_launch_timed
-    if _native_launch_timed is None:
-        import numba
-
+def launchers() -> Launchers:
+    """The process's :class:`Launchers` over the driver's entry points (built on first use)."""
+    global _launchers
+    if _launchers is None:
         libcuda = ctypes.CDLL("libcuda.so.1")
-        launch = cu_launch_kernel()
-        record = libcuda.cuEventRecord
-        record.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
-        record.restype = ctypes.c_int32
-
-        @numba.njit(nogil=True)
-        def launch_timed(packed, events):
-            stream = packed[1]
-            for k in range(packed[0]):
-                base = PACK_HEAD + PACK_TASK * k
-                grid = packed[base + 1]
-                err = record(events[2 * k], stream)
-                if err == 0 and grid > 0:
-                    err = launch(packed[base], grid, 1, 1, packed[base + 2], 1, 1, 0, stream, packed[base + 3], 0)
-                if err == 0:
-                    err = record(events[2 * k + 1], stream)
-                if err != 0:
-                    return (k << 32) | err
-            return -1
-
-        _native_launch_timed = launch_timed
-    return _native_launch_timed
+        address = ctypes.cast
+        _launchers = Launchers(address(libcuda.cuLaunchKernel, ctypes.c_void_p).value,
+                               address(libcuda.cuEventRecord, ctypes.c_void_p).value)
+    return _launchers
 
 
 # -- the runtime: device, context table ---------------------------------------------------------------

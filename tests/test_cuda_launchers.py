@@ -1,0 +1,86 @@
+"""The native launch loops (targets/cuda/runtime.Launchers), run here without a GPU: the driver's
+cuLaunchKernel and cuEventRecord are replaced by ctypes stand-ins that record their calls."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from qd_numba.targets.cuda.runtime import PACK_HEAD, PACK_TASK, Launchers
+
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3))
+RECORD = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64)
+
+
+@pytest.fixture
+def driver():
+    state = {"launches": [], "records": [], "fail": {}}
+
+    @LAUNCH
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        state["launches"].append((fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra))
+        return state["fail"].get(fn, 0)
+
+    @RECORD
+    def record(event, stream):
+        state["records"].append((event, stream))
+        return 0
+
+    state["keep"] = (launch, record)
+    state["launchers"] = Launchers(ctypes.cast(launch, ctypes.c_void_p).value,
+                                   ctypes.cast(record, ctypes.c_void_p).value)
+    return state
+
+
+def packed_tasks(rng, n, stream):
+    """A packed launch array of n tasks with random handles, grids (some empty) and blocks."""
+    tasks = [(int(rng.integers(1, 1 << 40)), int(rng.choice([0, 1, 7, 4096])), int(rng.choice([32, 128, 256])),
+              int(rng.integers(1, 1 << 40))) for _ in range(n)]
+    packed = np.array([n, stream, *[w for t in tasks for w in t]], np.int64)
+    assert len(packed) == PACK_HEAD + PACK_TASK * n
+    return packed, tasks
+
+
+def expected_call(task, stream):
+    fn, grid, block, params = task
+    return (fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+
+
+def test_launch_all_launches_every_task_with_work_in_order(driver, rng):
+    packed, tasks = packed_tasks(rng, 9, stream=12345)
+    assert driver["launchers"].launch_all(packed.ctypes.data) == -1
+    assert driver["launches"] == [expected_call(t, 12345) for t in tasks if t[1] > 0]
+
+
+def test_launch_all_stops_at_the_first_failure(driver, rng):
+    packed, tasks = packed_tasks(rng, 6, stream=7)
+    working = [k for k, t in enumerate(tasks) if t[1] > 0]
+    bad = working[len(working) // 2] if working else None
+    if bad is None:
+        pytest.skip("no task with work drawn")
+    driver["fail"][tasks[bad][0]] = 719
+    assert driver["launchers"].launch_all(packed.ctypes.data) == (bad << 32) | 719
+    assert driver["launches"] == [expected_call(tasks[k], 7) for k in working if k <= bad]
+
+
+def test_launch_task_launches_one_task(driver, rng):
+    packed, tasks = packed_tasks(rng, 5, stream=3)
+    for k, task in enumerate(tasks):
+        driver["launches"].clear()
+        assert driver["launchers"].launch_task(packed.ctypes.data, k) == -1
+        assert driver["launches"] == ([expected_call(task, 3)] if task[1] > 0 else [])
+
+
+def test_launch_timed_records_an_event_around_every_task(driver, rng):
+    packed, tasks = packed_tasks(rng, 4, stream=99)
+    events = rng.integers(1, 1 << 40, 2 * len(tasks)).astype(np.int64)
+    assert driver["launchers"].launch_timed(packed.ctypes.data, events.ctypes.data) == -1
+    assert driver["records"] == [(int(e), 99) for e in events]
+    assert driver["launches"] == [expected_call(t, 99) for t in tasks if t[1] > 0]
+
+
+def test_no_tasks_launch_nothing(driver):
+    packed = np.array([0, 5], np.int64)
+    assert driver["launchers"].launch_all(packed.ctypes.data) == -1
+    assert driver["launchers"].launch_timed(packed.ctypes.data, 0) == -1
+    assert driver["launches"] == [] and driver["records"] == []

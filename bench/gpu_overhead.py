@@ -28,7 +28,7 @@ def per_call_us(fn, reps=20000):
 def main():
     from cuda.bindings import driver
 
-    from qd_numba.targets.cuda.runtime import CudaRuntime, launchers
+    from qd_numba.targets.cuda.runtime import CudaRuntime
 
     qd.init(arch=qd.cuda)
     x = qd.field(qd.f32, shape=(1024,))
@@ -52,8 +52,7 @@ def main():
     out = {}
     out["cuda_bindings_cuLaunchKernel"] = per_call_us(
         lambda: driver.cuLaunchKernel(launch.fn, int(plan.packed[3]), 1, 1, 256, 1, 1, 0, 0, launch.argv, 0))
-    la, packed = launchers().launch_all, plan.packed.ctypes.data
-    out["native launch_all(packed) (ctypes call + driver)"] = per_call_us(lambda: la(packed))
+    out["native launch_all() (builtin call + driver)"] = per_call_us(plan.launch_all)
     libcuda = ctypes.CDLL("libcuda.so.1")
     f = libcuda.cuLaunchKernel
     f.argtypes = [ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3
@@ -73,7 +72,7 @@ def main():
             err, stream = driver.cuStreamCreate(flags)
             handle = int(stream)
         plan.packed[1] = handle
-        out[f"native launch_all on {label}"] = per_call_us(lambda: la(plan.packed))
+        out[f"native launch_all on {label}"] = per_call_us(plan.launch_all)
     plan.packed[1] = saved
     out["plan.run"] = per_call_us(plan.run)
     out["inc() full call"] = per_call_us(inc)

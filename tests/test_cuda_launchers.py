@@ -84,3 +84,14 @@ def test_no_tasks_launch_nothing(driver):
     assert driver["launchers"].launch_all(packed.ctypes.data) == -1
     assert driver["launchers"].launch_timed(packed.ctypes.data, 0) == -1
     assert driver["launches"] == [] and driver["records"] == []
+
+
+def test_the_bound_builtin_launches_its_packed_array(driver, rng):
+    packed, tasks = packed_tasks(rng, 5, stream=4242)
+    launch_all = driver["launchers"].bind_launch_all(packed.ctypes.data)
+    assert launch_all() == -1
+    assert driver["launches"] == [expected_call(t, 4242) for t in tasks if t[1] > 0]
+    working = [k for k, t in enumerate(tasks) if t[1] > 0]
+    if working:
+        driver["fail"][tasks[working[-1]][0]] = 1
+        assert launch_all() == (working[-1] << 32) | 1

@@ -380,7 +380,7 @@ def test_cuda_runner_writes_vector_parameters(rng):
     cells = {"v": [ctypes.c_float() for _ in range(3)], "s": [ctypes.c_int64()]}
     totals = []
     plan = SimpleNamespace(params=[("v", "matrix"), ("s", "scalar")], cells=cells, rt=None, packed=None,
-                           launch_all=lambda packed: -1, totals_fn=object(), totals_args=[0], error_words=[],
+                           launch_all=lambda: -1, totals_fn=object(), totals_args=[0], error_words=[],
                            timer=None, ret=None, _update_grids=lambda args: totals.append(int(args[0].x)))
     src, ns = _runner_source(plan)
     exec(src, ns)

@@ -98,7 +98,7 @@ class LaunchPlan:
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
-        self.launch_all = launchers().launch_all
+        self.launch_all = launchers().bind_launch_all(self.packed.ctypes.data)   # launch_all() -> status
         # qd.init(kernel_profiler=True): this plan launches through CUDA events (profiler.py)
         self.timer = profiler.CudaLaunchTimer(kernel.qualname, [t.name for t in self.tasks], launchers().launch_timed,
                                               self.packed[PACK_HEAD + 1::PACK_TASK]) \
@@ -243,8 +243,7 @@ def _runner_source(plan):
     params = plan.params
     args = [f"a{i}" for i in range(len(params))]
     views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
-    # the launchers take the packed array by address (it lives as long as the plan)
-    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all, "packed": plan.packed.ctypes.data,
+    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
     state, body = [], []
     for i, (name, kind) in enumerate(params):
@@ -280,6 +279,7 @@ def _runner_source(plan):
     ns["timer"] = plan.timer
     if plan.error_words:   # debug: one task at a time, stopping at the first that records an error
         ns["launch_task"], ns["error_word_of"] = launchers().launch_task, plan.error_word_of
+        ns["packed"] = plan.packed.ctypes.data   # by address (the array lives as long as the plan)
         body += [f"for k in range({len(plan.launches)}):",
                  "    status = launch_task(packed, k)",
                  "    if status >= 0:",
@@ -287,7 +287,9 @@ def _runner_source(plan):
                  "    if rt.read_i32(error_word_of[k]):",
                  "        break"]
     else:
-        body += ["status = launch_all(packed)" if plan.timer is None else "status = timer.launch(packed)",
+        if plan.timer is not None:
+            ns["packed"] = plan.packed.ctypes.data
+        body += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
                  "if status >= 0:",
                  "    plan._failed(status)"]
     # numpy arguments get what the tasks wrote before an error is raised, as on the CPU

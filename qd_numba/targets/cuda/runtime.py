@@ -50,7 +50,8 @@ class Launchers:
     taking the address of a packed launch array and returning -1 or ``task index << 32 |
     CUresult`` of the first failure:
 
-    - ``launch_all(packed)``: ``cuLaunchKernel`` for every task with a positive grid;
+    - ``launch_all(packed)``: ``cuLaunchKernel`` for every task with a positive grid (the plans
+      call it as a builtin bound to their packed array, :meth:`bind_launch_all`);
     - ``launch_task(packed, k)``: task k alone (debug plans check each task's error word
       before launching the next, so a failed check stops the kernel there, as on the CPU);
     - ``launch_timed(packed, events)``: ``launch_all``'s loop for the kernel profiler, recording
@@ -150,6 +151,18 @@ class Launchers:
         err = launch_if_work(b, one_task, packed, k, word(b, packed, ir.Constant(i64, 1)))
         b.ret(b.select(b.icmp_unsigned("==", err, zero32), ir.Constant(i64, -1), failed(b, k, err)))
 
+        # launch_all as a CPython builtin (METH_NOARGS) whose ``self`` is the packed array's
+        # address: the hot path's call costs what calling len() does, no argument conversion
+        obj = ir.IntType(8).as_pointer()
+        api = {name: ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
+               for name in ("PyLong_AsVoidPtr", "PyLong_FromLongLong")}
+        builtin = ir.Function(module, ir.FunctionType(obj, [obj, obj]), "qd_launch_all_builtin")
+        b = ir.IRBuilder(builtin.append_basic_block("entry"))
+        as_ptr = b.inttoptr(ir.Constant(i64, api["PyLong_AsVoidPtr"]), ir.FunctionType(obj, [obj]).as_pointer())
+        from_i64 = b.inttoptr(ir.Constant(i64, api["PyLong_FromLongLong"]), ir.FunctionType(obj, [i64]).as_pointer())
+        packed = b.bitcast(b.call(as_ptr, [builtin.args[0]]), i64.as_pointer())
+        b.ret(b.call(from_i64, [b.call(module.get_global("qd_launch_all"), [packed])]))
+
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         parsed = llvm.parse_assembly(str(module))
@@ -162,6 +175,23 @@ class Launchers:
         self.launch_all = ctypes.CFUNCTYPE(c_i64, c_ptr)(address("qd_launch_all"))
         self.launch_task = ctypes.CFUNCTYPE(c_i64, c_ptr, c_i64)(address("qd_launch_task"))
         self.launch_timed = ctypes.CFUNCTYPE(c_i64, c_ptr, c_ptr)(address("qd_launch_timed"))
+        self._method = _PyMethodDef(b"launch_all", address("qd_launch_all_builtin"), _METH_NOARGS, None)
+
+    def bind_launch_all(self, packed: int):
+        """``launch_all()`` of the packed array at address ``packed`` (kept alive by the caller),
+        as a builtin function taking no arguments."""
+        return _new_builtin(ctypes.addressof(self._method), packed, None)
+
+
+class _PyMethodDef(ctypes.Structure):
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p), ("ml_flags", ctypes.c_int),
+                ("ml_doc", ctypes.c_char_p)]
+
+
+_METH_NOARGS = 0x0004
+_new_builtin = ctypes.pythonapi.PyCFunction_NewEx
+_new_builtin.restype = ctypes.py_object
+_new_builtin.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
 
 
 _launchers = None

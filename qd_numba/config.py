@@ -70,6 +70,7 @@ class Config:
     kernel_fusion_budget: int = 600              # QD_KERNEL_FUSION_BUDGET: max IR statements of a fused body
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
+    ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
@@ -95,6 +96,7 @@ def config_from_env(**overrides) -> Config:
         kernel_fusion_budget=env_int("QD_KERNEL_FUSION_BUDGET", 600),
         verify_each_pass=env_flag("QD_VERIFY_EACH_PASS"),
         kernel_profiler=env_flag("QD_KERNEL_PROFILER"),
+        ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         log_level=log_level(os.environ["QD_LOG_LEVEL"]) if os.environ.get("QD_LOG_LEVEL", "").strip() else None,
     )
     for key, value in overrides.items():

@@ -105,6 +105,8 @@ class Kernel(KernelObject):
 
     def _install_caller(self) -> None:
         call = self._caller or Kernel.__call__
+        if self.autodiff_mode is not None and any(p.kind == "ndarray" for p in self.params):
+            call = _no_ndarray_gradients(self, call)
         type(self).__call__ = call if _call_wrapper is None else _call_wrapper(self, call)
 
     def _forget(self) -> None:
@@ -210,6 +212,24 @@ class Kernel(KernelObject):
 
     def __deepcopy__(self, memo):
         return self
+
+
+def _no_ndarray_gradients(kernel, call):
+    """The gradient kernel's call, refusing ndarray arguments created with ``needs_grad=True``:
+    their gradients are not computed (a field's are)."""
+    positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
+
+    def checked(self, *args, **kwargs):
+        bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
+        for k in positions:
+            if getattr(bound[k], "grad", None) is not None:
+                raise QuadrantsSyntaxError(
+                    f"kernel '{self.name}', argument '{self.params[k].name}': gradients of ndarray arguments "
+                    "are not computed by qd_numba yet; keep the differentiated data in a qd.field "
+                    "(needs_grad=True), or pass the ndarray without needs_grad")
+        return call(self, *bound)
+
+    return checked
 
 
 def kernel(fn=None, *, graph: bool = False, fuse=None):

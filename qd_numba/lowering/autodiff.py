@@ -18,6 +18,7 @@ Intrinsics, not ``@overload``: nothing goes through Numba's dispatcher (see lowe
 from __future__ import annotations
 
 from numba.core import types
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from ..typing.matrix import MatrixType
@@ -114,6 +115,6 @@ def stop_grad(typingctx, x):
     """``qd.stop_grad(x)``: ``x``, with no gradient flowing through it."""
 
     def codegen(context, builder, sig, args):
-        return args[0]
+        return impl_ret_borrowed(context, builder, x, args[0])
 
     return x(x), codegen

@@ -14,7 +14,7 @@ import numpy as np
 from numba import _dispatcher
 from numba.core import types
 
-from .. import config, profiler
+from .. import adstack, config, profiler
 from ..errors import QuadrantsError, QuadrantsTypeError
 from ..field import Field, Ndarray
 from ..frontend.args import (
@@ -207,6 +207,8 @@ class CpuKernel(KernelBackend):
         hidden = tuple(f._arr for f in state.hidden)
         key = artifact_key(kernel, param_types, templates, state.hidden, cfg, "cpu")
         entry = cres.entry_point
+        if state.adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
+            entry = adstack.wrap_cpu_entry(entry, state.adstacks)
         if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
             entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))
         return Instance(entry, hidden, list(state.tasks), cres, task_functions, state, key)

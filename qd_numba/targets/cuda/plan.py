@@ -21,7 +21,7 @@ import re
 import numpy as np
 from numba.core import types
 
-from ... import config, profiler
+from ... import adstack, config, profiler
 from ...errors import QuadrantsRuntimeError
 from ...field import Ndarray
 from ...frontend.keys import artifact_key
@@ -444,4 +444,9 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     if plan_ir.ret_slot is not None:
         ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
     params = [(p.name, p.kind) for p in kernel.params]
-    return LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)
+    plan = LaunchPlan(kernel, state, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table, ret)
+    if state.adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
+        rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
+        plan.run = adstack.wrap_cuda_run(plan.run, state.adstacks, params, state.hidden, rows.__getitem__,
+                                         rt.device_words)
+    return plan

@@ -1,19 +1,22 @@
-"""``qd.ad``: reverse-mode autodiff in Python scope — the Tape, gradient clearing, custom gradients.
+"""``qd.ad``: autodiff in Python scope — the Tape, gradient clearing, custom gradients, FwdMode.
 
 ``kernel.grad`` (kernel.py) is the gradient kernel that passes/autodiff.py builds; this module
 orders those calls. A :class:`Tape` records the kernels called inside its ``with`` block (by
 wrapping every kernel's call path while it is open: calls outside a Tape pay nothing) and on exit
 runs their gradients in reverse order. ``@grad_replaced`` functions are recorded as one entry whose
-gradient is the function ``@grad_for`` registered.
+gradient is the function ``@grad_for`` registered. A :class:`FwdMode` block runs every kernel's
+forward-mode twin (``kernel.forward_mode``, passes/forward_mode.py) instead of the kernel.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
-from .field import gradient_holders
+from .field import dual_holders, gradient_holders
 
 _active_tape = None
 
@@ -132,3 +135,62 @@ def grad_for(primal):
         return grad_fn
 
     return register
+
+
+def clear_all_duals() -> None:
+    """Zero the ``.dual`` of every field created with ``needs_dual=True``."""
+    for data in dual_holders():
+        data.dual.fill(0)
+
+
+class FwdMode:
+    """``with qd.ad.FwdMode(loss=l, param=x, seed=[...]):`` — forward-mode autodiff.
+
+    On entry the duals are cleared (``clear_gradients``) and ``x.dual`` is set to ``seed`` (one
+    value per element of ``x``, row-major; default ``[1.0]`` for a 0-d ``x``); kernels called
+    inside run their forward-mode twins, which also compute the ``.dual`` of what they write;
+    afterwards ``l.dual`` holds the derivative of ``l`` along ``seed``. On exit ``x.dual`` is
+    zeroed again. ``loss`` and ``param`` are fields created with ``needs_dual=True``."""
+
+    def __init__(self, loss, param, seed=None, clear_gradients: bool = True):
+        for what, data in (("loss", loss), ("param", param)):
+            if getattr(data, "dual", None) is None:
+                raise QuadrantsSyntaxError(f"qd.ad.FwdMode: the {what} {data!r} needs a dual: create it with "
+                                           "needs_dual=True")
+        size = int(np.prod(param.dual._arr.shape))
+        if seed is None:
+            if size != 1:
+                raise QuadrantsSyntaxError(f"qd.ad.FwdMode: param has {size} elements: give a seed of that length")
+            seed = [1.0]
+        if len(seed) != size:
+            raise QuadrantsSyntaxError(f"qd.ad.FwdMode: the seed has {len(seed)} values, param has {size} elements")
+        self.loss, self.param, self.seed = loss, param, list(seed)
+        self.clear_gradients = clear_gradients
+
+    def __enter__(self):
+        global _active_tape
+        if _active_tape is not None:
+            raise QuadrantsRuntimeError("qd.ad.FwdMode cannot be used inside a qd.ad.Tape")
+        if self.clear_gradients:
+            clear_all_duals()
+        self.param.dual.from_numpy(np.asarray(self.seed, dtype=self.param.dual._arr.dtype)
+                                   .reshape(self.param.dual._arr.shape))
+        _active_tape = self
+        kernel_module.wrap_calls(_forward_mode_call)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active_tape
+        _active_tape = None
+        kernel_module.wrap_calls(None)
+        self.param.dual.fill(0)
+
+
+def _forward_mode_call(kernel, call):
+    if kernel.autodiff_mode is not None:
+        return call
+
+    def forward(self, *args, **kwargs):
+        return self.forward_mode(*args, **kwargs)
+
+    return forward

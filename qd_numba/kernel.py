@@ -73,8 +73,9 @@ class Kernel(KernelObject):
         self._ir = {}
         self._backend = None
         self._caller = None             # the backend's generated __call__, once installed
-        self.autodiff_mode = None       # "reverse" for the gradient kernel (kernel.grad)
+        self.autodiff_mode = None       # "reverse": the gradient kernel (kernel.grad); "forward": qd.ad.FwdMode's
         self._grad = None
+        self._forward_mode = None
         self.compile_count = 0
         self.last_instance = None       # the CPU target's last instance (introspection)
         # each kernel has its own class, so that its __call__ can be generated for its parameters
@@ -105,7 +106,7 @@ class Kernel(KernelObject):
 
     def _install_caller(self) -> None:
         call = self._caller or Kernel.__call__
-        if self.autodiff_mode is not None and any(p.kind == "ndarray" for p in self.params):
+        if self.autodiff_mode == "reverse" and any(p.kind == "ndarray" for p in self.params):
             call = _no_ndarray_gradients(self, call)
         type(self).__call__ = call if _call_wrapper is None else _call_wrapper(self, call)
 
@@ -136,6 +137,24 @@ class Kernel(KernelObject):
                     grad._install_caller()
                     self._grad = grad
         return self._grad
+
+    @property
+    def forward_mode(self) -> Kernel:
+        """The forward-mode kernel (passes/forward_mode.py) that ``qd.ad.FwdMode`` runs instead of
+        this one: the same writes, plus the ``.dual`` of what it writes from the ``.dual`` of what
+        it reads."""
+        if self.autodiff_mode is not None:
+            raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
+        if self._forward_mode is None:
+            with self._lock:
+                if self._forward_mode is None:
+                    fwd = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
+                    fwd.name, fwd.qualname = f"{self.name}.forward_mode", f"{self.qualname}.forward_mode"
+                    fwd.autodiff_mode = "forward"
+                    fwd.primal = self
+                    fwd._install_caller()
+                    self._forward_mode = fwd
+        return self._forward_mode
 
     def _bind(self, args, kwargs):
         try:

@@ -119,6 +119,7 @@ KNOWN_CYCLIC = {   # exactly the modules on a cycle at the time of writing
     "qd_numba.targets.cuda.tasks", "qd_numba.typing.matrix",
     "qd_numba.targets.untyped",   # code that was in targets.cuda.plan / cpu_target, both on the cycle
     "qd_numba.passes.autodiff",   # a new pass: every pass imports passes.base, which is on the cycle (lang)
+    "qd_numba.passes.forward_mode",  # likewise
 }
 
 

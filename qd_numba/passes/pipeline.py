@@ -20,6 +20,7 @@ from .bind_arguments import BindArguments
 from .check_writes import CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
 from .fold_static import FoldStatic
+from .forward_mode import ForwardMode
 from .fuse_tasks import FuseAdjacentTasks
 from .inline_funcs import InlineFuncs
 from .offload import Offload
@@ -50,7 +51,7 @@ UNTYPED_PIPELINE = (
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, PlanTasks)),
-    Stage("autodiff", (ReverseMode,)),
+    Stage("autodiff", (ReverseMode, ForwardMode)),
 )
 
 

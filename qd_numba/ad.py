@@ -14,6 +14,7 @@ import functools
 
 import numpy as np
 
+from . import config
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
 from .field import dual_holders, gradient_holders
@@ -32,12 +33,17 @@ class Tape:
 
     On entry: gradients are cleared (``clear_gradients``) and ``l.grad[None]`` is set to 1; on
     exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field (or
-    ndarray) with ``needs_grad=True``. ``validation`` (checking that no kernel overwrote data a
-    gradient needs) is not implemented: ``validation=True`` raises."""
+    ndarray) with ``needs_grad=True``. ``validation=True`` (with ``qd.init(debug=True)``) checks
+    that no kernel overwrites a field with a gradient after a recorded kernel read it — the
+    gradient replays that kernel with the new values, so it would be wrong — and raises naming
+    the field, the kernel that read it and the one that overwrote it. It snapshots the fields
+    each call reads (a debugging aid: it copies data on every call)."""
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False, grad_check=None):
-        if validation:
-            raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) is not supported by qd_numba yet")
+        if validation and not config.current.debug:
+            raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) needs qd.init(debug=True)")
+        self.validation = validation
+        self.snapshots = []         # validation: (field, its values when a recorded kernel read it, kernel)
         if loss is not None:
             if getattr(loss, "grad", None) is None:
                 raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss {loss!r} needs a gradient: create it with "
@@ -76,6 +82,31 @@ class Tape:
     def insert(self, fn, args) -> None:
         self.calls.append((fn, args))
 
+    def before_call(self, kernel, args) -> None:
+        """validation: snapshot the fields with gradients this call reads."""
+        state = kernel.backend().compile_state(args)
+        read = {}
+        for task in state.tasks:
+            # ``f[i] += v`` reads the old value of f only to return it: accumulated fields are skipped
+            accumulated = {a.resource for a in task.accesses if a.what == "atomic"}
+            for access in task.accesses:
+                if access.kind != "read" or access.resource in accumulated:
+                    continue
+                field = state.hidden_by_arg_index(access.resource)
+                if field is not None and getattr(field, "grad", None) is not None:
+                    read[id(field)] = field
+        self.snapshots += [(field, field.to_numpy(), kernel) for field in read.values()]
+
+    def after_call(self, kernel) -> None:
+        """validation: a field a recorded kernel read has changed: its gradient would be wrong."""
+        for field, values, reader in self.snapshots:
+            if not np.array_equal(field.to_numpy(), values):
+                name = field.name or repr(field)
+                raise QuadrantsRuntimeError(
+                    f"qd.ad.Tape(validation=True): kernel '{kernel.name}' overwrote the field {name}, which kernel "
+                    f"'{reader.name}' read earlier in this tape: the gradient of '{reader.name}' would use the new "
+                    "values. Write the result to another field, or keep one value per step (e.g. a time axis)")
+
     def grad(self) -> None:
         """Run the recorded calls' gradients, last call first."""
         if self.gradient_evaluated:
@@ -97,6 +128,13 @@ def _recording_call(kernel, call):
                 args = self._bind(args, kwargs)
                 kwargs = {}
             tape.insert(self, args)
+            if tape.validation:
+                if kwargs:
+                    args, kwargs = self._bind(args, kwargs), {}
+                tape.before_call(self, args)
+                out = call(self, *args)
+                tape.after_call(self)
+                return out
         return call(self, *args, **kwargs)
 
     return recording

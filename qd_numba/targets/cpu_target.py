@@ -216,3 +216,6 @@ class CpuKernel(KernelBackend):
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, args):
         return list(self._instance(self.host_args(args)).tasks)
+
+    def compile_state(self, args):
+        return self._instance(self.host_args(args)).state

@@ -317,23 +317,46 @@ class _Transform:
         full = e.call(ad_stack.ad_overflowed, [self._fixed("$ad_stack"), self._fixed("$ad_top")])
         latch.body.append(ir.Branch(full, self.done, jump.target, self.loc))
 
-    def _saved(self, b):
-        """What a block inside a loop pushes: its path record and versions (constants are the
-        same in every execution: not pushed)."""
-        return ([b.came_from] if b.came_from is not None else []) + \
-            [v for v in b.versions if v.name not in self.constant]
+    def _read_by_adjoints(self, labels) -> set:
+        """Names whose values the adjoint blocks read (a ``zero_like`` argument gives only its type)."""
+        ir = self.ir
+        stmts = [stmt for lbl in labels for stmt in self.blocks[lbl].body]
+        zero_fns = {stmt.target.name for stmt in stmts if isinstance(stmt, ir.Assign)
+                    and isinstance(stmt.value, ir.Global) and stmt.value.value is ad_helpers.zero_like}
+        out = set()
+        for stmt in stmts:
+            value = getattr(stmt, "value", None)
+            if isinstance(value, ir.Expr) and value.op == "call" and value.func.name in zero_fns:
+                continue
+            out.update(v.name for v in stmt.list_vars() if not (isinstance(stmt, ir.Assign) and v is stmt.target))
+        return out
 
-    def _push_all(self, e, b):
+    def _saved(self, b):
+        """What a block inside a loop pushes: its path record and the versions the adjoints read
+        (constants are the same in every execution: not pushed)."""
+        return ([b.came_from] if b.came_from is not None else []) + \
+            [v for v in b.versions if v.name not in self.constant and v.name in self.needed]
+
+    def _push_all(self, b):
+        """At the end of the block's forward execution (before its terminator)."""
+        block = self.blocks[b.label]
+        out = []
+        e = _Emitter(self.state, self.scope, self.loc, out)
         top = self._fixed("$ad_top")
         for var in self._saved(b):
-            e.out.append(self.ir.Assign(e.call(ad_stack.ad_push, [self._fixed("$ad_stack"), top, var]), top, self.loc))
+            out.append(self.ir.Assign(e.call(ad_stack.ad_push, [self._fixed("$ad_stack"), top, var]), top, self.loc))
+        block.body[-1:-1] = out
 
-    def _pop_all(self, e, b):
+    def _pop_all(self, b):
+        """At the start of the block's adjoint."""
         ir = self.ir
+        out = []
+        e = _Emitter(self.state, self.scope, self.loc, out)
         top = self._fixed("$ad_top")
         for var in reversed(self._saved(b)):
-            e.out.append(ir.Assign(e.call(ad_stack.ad_pop_top, [top, var]), top, self.loc))
-            e.out.append(ir.Assign(e.call(ad_stack.ad_pop, [self._fixed("$ad_stack"), top, var]), var, self.loc))
+            out.append(ir.Assign(e.call(ad_stack.ad_pop_top, [top, var]), top, self.loc))
+            out.append(ir.Assign(e.call(ad_stack.ad_pop, [self._fixed("$ad_stack"), top, var]), var, self.loc))
+        self.blocks[b.reverse].body[:0] = out
 
     def run(self):
         ir = self.ir
@@ -361,11 +384,15 @@ class _Transform:
         self.blocks[done].body.append(ir.Jump(self.lp.header, self.loc))
         for lbl in order:
             self._forward(info[lbl])
-        if self.stacked:
-            self._open_stack(info)
         new_labels = {done}
         for lbl in reversed(order):
             new_labels |= self._reverse(info[lbl], info, done, latch)
+        if self.stacked:
+            self.needed = self._read_by_adjoints(new_labels)
+            for lbl in self.stacked:
+                self._push_all(info[lbl])
+                self._pop_all(info[lbl])
+            self._open_stack(info)
         self.lp.body |= {latch} | new_labels
         self.state.tasks = [dataclasses.replace(t, body=frozenset(self.lp.body)) if t.header == self.lp.header
                             else t for t in self.state.tasks]
@@ -441,8 +468,6 @@ class _Transform:
         for name in dict.fromkeys(written):
             out.append(ir.Assign(current[name], ir.Var(self.scope, name, block.loc), block.loc))
             b.items.append(("exit", current[name], name))
-        if b.label in self.stacked:
-            self._push_all(e, b)
         out.append(term)
         block.body = out
 
@@ -465,8 +490,6 @@ class _Transform:
         ir = self.ir
         out = []
         e = _Emitter(self.state, self.scope, self.loc, out)
-        if b.label in self.stacked:
-            self._pop_all(e, b)
         if b.label == latch:
             for name in sorted({name for other in info.values() for kind, _, name in other.items
                                 if kind == "exit"}):

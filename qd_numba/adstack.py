@@ -75,7 +75,7 @@ class AdStack:
         self.desc = Field(dtypes.i64, shape=(4,), name=f"adstack of {kernel_name} at {loc}")
         self.task_uid = None        # set once the task list is final
         self.heap = None
-        self.capacity = 0           # words in the heap
+        self.capacity, self.address = 0, 0   # words in the heap, its address
         self.written = None         # (address, depth, rows) last written to the descriptor
         self.depth = 0
 

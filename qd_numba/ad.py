@@ -1,19 +1,23 @@
-"""``qd.ad``: reverse-mode autodiff in Python scope — the Tape, gradient clearing, custom gradients.
+"""``qd.ad``: autodiff in Python scope — the Tape, gradient clearing, custom gradients, FwdMode.
 
 ``kernel.grad`` (kernel.py) is the gradient kernel that passes/autodiff.py builds; this module
 orders those calls. A :class:`Tape` records the kernels called inside its ``with`` block (by
 wrapping every kernel's call path while it is open: calls outside a Tape pay nothing) and on exit
 runs their gradients in reverse order. ``@grad_replaced`` functions are recorded as one entry whose
-gradient is the function ``@grad_for`` registered.
+gradient is the function ``@grad_for`` registered. A :class:`FwdMode` block runs every kernel's
+forward-mode twin (``kernel.forward_mode``, passes/forward_mode.py) instead of the kernel.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
+from . import config
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
-from .field import gradient_holders
+from .field import dual_holders, gradient_holders
 
 _active_tape = None
 
@@ -29,12 +33,17 @@ class Tape:
 
     On entry: gradients are cleared (``clear_gradients``) and ``l.grad[None]`` is set to 1; on
     exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field (or
-    ndarray) with ``needs_grad=True``. ``validation`` (checking that no kernel overwrote data a
-    gradient needs) is not implemented: ``validation=True`` raises."""
+    ndarray) with ``needs_grad=True``. ``validation=True`` (with ``qd.init(debug=True)``) checks
+    that no kernel overwrites a field with a gradient after a recorded kernel read it — the
+    gradient replays that kernel with the new values, so it would be wrong — and raises naming
+    the field, the kernel that read it and the one that overwrote it. It snapshots the fields
+    each call reads (a debugging aid: it copies data on every call)."""
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False, grad_check=None):
-        if validation:
-            raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) is not supported by qd_numba yet")
+        if validation and not config.current.debug:
+            raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) needs qd.init(debug=True)")
+        self.validation = validation
+        self.snapshots = []         # validation: (field, its values when a recorded kernel read it, kernel)
         if loss is not None:
             if getattr(loss, "grad", None) is None:
                 raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss {loss!r} needs a gradient: create it with "
@@ -73,6 +82,31 @@ class Tape:
     def insert(self, fn, args) -> None:
         self.calls.append((fn, args))
 
+    def before_call(self, kernel, args) -> None:
+        """validation: snapshot the fields with gradients this call reads."""
+        state = kernel.backend().compile_state(args)
+        read = {}
+        for task in state.tasks:
+            # ``f[i] += v`` reads the old value of f only to return it: accumulated fields are skipped
+            accumulated = {a.resource for a in task.accesses if a.what == "atomic"}
+            for access in task.accesses:
+                if access.kind != "read" or access.resource in accumulated:
+                    continue
+                field = state.hidden_by_arg_index(access.resource)
+                if field is not None and getattr(field, "grad", None) is not None:
+                    read[id(field)] = field
+        self.snapshots += [(field, field.to_numpy(), kernel) for field in read.values()]
+
+    def after_call(self, kernel) -> None:
+        """validation: a field a recorded kernel read has changed: its gradient would be wrong."""
+        for field, values, reader in self.snapshots:
+            if not np.array_equal(field.to_numpy(), values):
+                name = field.name or repr(field)
+                raise QuadrantsRuntimeError(
+                    f"qd.ad.Tape(validation=True): kernel '{kernel.name}' overwrote the field {name}, which kernel "
+                    f"'{reader.name}' read earlier in this tape: the gradient of '{reader.name}' would use the new "
+                    "values. Write the result to another field, or keep one value per step (e.g. a time axis)")
+
     def grad(self) -> None:
         """Run the recorded calls' gradients, last call first."""
         if self.gradient_evaluated:
@@ -94,6 +128,13 @@ def _recording_call(kernel, call):
                 args = self._bind(args, kwargs)
                 kwargs = {}
             tape.insert(self, args)
+            if tape.validation:
+                if kwargs:
+                    args, kwargs = self._bind(args, kwargs), {}
+                tape.before_call(self, args)
+                out = call(self, *args)
+                tape.after_call(self)
+                return out
         return call(self, *args, **kwargs)
 
     return recording
@@ -132,3 +173,62 @@ def grad_for(primal):
         return grad_fn
 
     return register
+
+
+def clear_all_duals() -> None:
+    """Zero the ``.dual`` of every field created with ``needs_dual=True``."""
+    for data in dual_holders():
+        data.dual.fill(0)
+
+
+class FwdMode:
+    """``with qd.ad.FwdMode(loss=l, param=x, seed=[...]):`` — forward-mode autodiff.
+
+    On entry the duals are cleared (``clear_gradients``) and ``x.dual`` is set to ``seed`` (one
+    value per element of ``x``, row-major; default ``[1.0]`` for a 0-d ``x``); kernels called
+    inside run their forward-mode twins, which also compute the ``.dual`` of what they write;
+    afterwards ``l.dual`` holds the derivative of ``l`` along ``seed``. On exit ``x.dual`` is
+    zeroed again. ``loss`` and ``param`` are fields created with ``needs_dual=True``."""
+
+    def __init__(self, loss, param, seed=None, clear_gradients: bool = True):
+        for what, data in (("loss", loss), ("param", param)):
+            if getattr(data, "dual", None) is None:
+                raise QuadrantsSyntaxError(f"qd.ad.FwdMode: the {what} {data!r} needs a dual: create it with "
+                                           "needs_dual=True")
+        size = int(np.prod(param.dual._arr.shape))
+        if seed is None:
+            if size != 1:
+                raise QuadrantsSyntaxError(f"qd.ad.FwdMode: param has {size} elements: give a seed of that length")
+            seed = [1.0]
+        if len(seed) != size:
+            raise QuadrantsSyntaxError(f"qd.ad.FwdMode: the seed has {len(seed)} values, param has {size} elements")
+        self.loss, self.param, self.seed = loss, param, list(seed)
+        self.clear_gradients = clear_gradients
+
+    def __enter__(self):
+        global _active_tape
+        if _active_tape is not None:
+            raise QuadrantsRuntimeError("qd.ad.FwdMode cannot be used inside a qd.ad.Tape")
+        if self.clear_gradients:
+            clear_all_duals()
+        self.param.dual.from_numpy(np.asarray(self.seed, dtype=self.param.dual._arr.dtype)
+                                   .reshape(self.param.dual._arr.shape))
+        _active_tape = self
+        kernel_module.wrap_calls(_forward_mode_call)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active_tape
+        _active_tape = None
+        kernel_module.wrap_calls(None)
+        self.param.dual.fill(0)
+
+
+def _forward_mode_call(kernel, call):
+    if kernel.autodiff_mode is not None:
+        return call
+
+    def forward(self, *args, **kwargs):
+        return self.forward_mode(*args, **kwargs)
+
+    return forward

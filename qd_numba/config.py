@@ -86,6 +86,7 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
+    ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
     offline_cache: bool = True          # QD_OFFLINE_CACHE: reuse compiled kernels across processes (offline_cache.py)
     offline_cache_file_path: str = ""   # QD_OFFLINE_CACHE_FILE_PATH: its directory ("": ~/.cache/qd_numba/qdcache)
@@ -130,6 +131,7 @@ def config_from_env(**overrides) -> Config:
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
+        ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
     )
     for key, value in overrides.items():
         if not hasattr(cfg, key):

@@ -20,6 +20,7 @@ from .errors import QuadrantsIndexError, QuadrantsTypeError
 
 _field_ids = itertools.count()
 _with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created with needs_grad=True
+_with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with needs_dual=True
 
 
 def gradient_holders() -> list:
@@ -27,14 +28,20 @@ def gradient_holders() -> list:
     return list(_with_gradients)
 
 
-def _gradient_of(data, needs_grad: bool, name):
-    """``data``'s ``.grad``: the same kind, shape and element type, zero-initialised (or None)."""
+def dual_holders() -> list:
+    """The live fields that have a ``.dual`` (``qd.ad.clear_all_duals``)."""
+    return list(_with_duals)
+
+
+def _gradient_of(data, needs_grad: bool, name, what="grad"):
+    """``data``'s ``.grad`` (or ``.dual``): the same kind, shape and element type,
+    zero-initialised (or None)."""
     if not needs_grad:
         return None
     if not dtypes.is_real(data.dtype):
-        raise QuadrantsTypeError(f"needs_grad=True requires a floating-point dtype, got {data.dtype}")
-    _with_gradients.add(data)
-    return type(data)(data.elem_type or data.dtype, data.shape, name=f"{name}.grad" if name else None)
+        raise QuadrantsTypeError(f"needs_{what}=True requires a floating-point dtype, got {data.dtype}")
+    (_with_gradients if what == "grad" else _with_duals).add(data)
+    return type(data)(data.elem_type or data.dtype, data.shape, name=f"{name}.{what}" if name else None)
 
 
 def element_shape(elem_type) -> tuple[int, ...]:
@@ -178,10 +185,11 @@ class ArrayData:
 class Field(ArrayData):
     """A global field; compiled kernels access it as a hidden argument."""
 
-    def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None):
+    def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False):
         super().__init__(dtype, shape, elem_type, name)
         self.uid = next(_field_ids)
         self.grad = _gradient_of(self, needs_grad, name)
+        self.dual = _gradient_of(self, needs_dual, name, "dual")    # forward mode (qd.ad.FwdMode)
 
     def __deepcopy__(self, memo):
         # IR copies hold fields in ir.Global values; the data must never be cloned.
@@ -205,11 +213,11 @@ class Ndarray(ArrayData):
         return self
 
 
-def field(dtype, shape=(), needs_grad=False, name=None, offset=None, order=None) -> Field:
+def field(dtype, shape=(), needs_grad=False, name=None, offset=None, order=None, needs_dual=False) -> Field:
     """``qd.field(dtype, shape=...)``: a global field (``shape=()`` is 0-d, accessed as ``x[None]``)."""
     if offset is not None or order is not None:
         raise QuadrantsTypeError("qd.field: 'offset' and 'order' are not supported by qd_numba")
-    return Field(dtype, shape, needs_grad=needs_grad, name=name)
+    return Field(dtype, shape, needs_grad=needs_grad, name=name, needs_dual=needs_dual)
 
 
 def ndarray(dtype, shape, needs_grad=False) -> Ndarray:

@@ -76,8 +76,9 @@ class Kernel(KernelObject):
         self._ir = {}
         self._backend = None
         self._caller = None             # the backend's generated __call__, once installed
-        self.autodiff_mode = None       # "reverse" for the gradient kernel (kernel.grad)
+        self.autodiff_mode = None       # "reverse": the gradient kernel (kernel.grad); "forward": qd.ad.FwdMode's
         self._grad = None
+        self._forward_mode = None
         self.compile_count = 0
         self.last_instance = None       # the CPU target's last instance (introspection)
         # each kernel has its own class, so that its __call__ can be generated for its parameters
@@ -108,6 +109,8 @@ class Kernel(KernelObject):
 
     def _install_caller(self) -> None:
         call = self._caller or Kernel.__call__
+        if self.autodiff_mode == "reverse" and any(p.kind == "ndarray" for p in self.params):
+            call = _no_ndarray_gradients(self, call)
         type(self).__call__ = call if _call_wrapper is None else _call_wrapper(self, call)
 
     def _forget(self) -> None:
@@ -137,6 +140,24 @@ class Kernel(KernelObject):
                     grad._install_caller()
                     self._grad = grad
         return self._grad
+
+    @property
+    def forward_mode(self) -> Kernel:
+        """The forward-mode kernel (passes/forward_mode.py) that ``qd.ad.FwdMode`` runs instead of
+        this one: the same writes, plus the ``.dual`` of what it writes from the ``.dual`` of what
+        it reads."""
+        if self.autodiff_mode is not None:
+            raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
+        if self._forward_mode is None:
+            with self._lock:
+                if self._forward_mode is None:
+                    fwd = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
+                    fwd.name, fwd.qualname = f"{self.name}.forward_mode", f"{self.qualname}.forward_mode"
+                    fwd.autodiff_mode = "forward"
+                    fwd.primal = self
+                    fwd._install_caller()
+                    self._forward_mode = fwd
+        return self._forward_mode
 
     def _bind(self, args, kwargs):
         try:
@@ -213,6 +234,24 @@ class Kernel(KernelObject):
 
     def __deepcopy__(self, memo):
         return self
+
+
+def _no_ndarray_gradients(kernel, call):
+    """The gradient kernel's call, refusing ndarray arguments created with ``needs_grad=True``:
+    their gradients are not computed (a field's are)."""
+    positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
+
+    def checked(self, *args, **kwargs):
+        bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
+        for k in positions:
+            if getattr(bound[k], "grad", None) is not None:
+                raise QuadrantsSyntaxError(
+                    f"kernel '{self.name}', argument '{self.params[k].name}': gradients of ndarray arguments "
+                    "are not computed by qd_numba yet; keep the differentiated data in a qd.field "
+                    "(needs_grad=True), or pass the ndarray without needs_grad")
+        return call(self, *bound)
+
+    return checked
 
 
 def kernel(fn=None, *, graph: bool = False, fuse=None):

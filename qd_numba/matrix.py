@@ -264,8 +264,9 @@ class Matrix(metaclass=_MatrixMeta):
 
     # --- fields and ndarrays of matrices (qd_numba/field.py owns these types) ------------------
     @staticmethod
-    def field(n, m, dtype, shape, needs_grad=False, name=None):
-        return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name)
+    def field(n, m, dtype, shape, needs_grad=False, name=None, needs_dual=False):
+        return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name,
+                     needs_dual=needs_dual)
 
     @staticmethod
     def ndarray(n, m, dtype, shape):
@@ -321,8 +322,9 @@ class Vector(Matrix):
         return _wrap(out)
 
     @staticmethod
-    def field(n, dtype, shape, needs_grad=False, name=None):
-        return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name)
+    def field(n, dtype, shape, needs_grad=False, name=None, needs_dual=False):
+        return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name,
+                     needs_dual=needs_dual)
 
     @staticmethod
     def ndarray(n, dtype, shape):

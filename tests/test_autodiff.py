@@ -9,6 +9,7 @@ import pytest
 from test_math_ops import _inputs
 
 import qd_numba as qd
+from qd_numba import config
 from qd_numba import math as qd_math
 from qd_numba.ops.math_ops import MATH_OPS
 
@@ -212,12 +213,53 @@ def test_errors_name_the_kernel():
                 pass
 
     @qd.kernel
-    def inner_loop(n: qd.i32):
+    def inner_loop():
         for i in x:
             v = x[i]
-            for _ in range(n):
-                v = qd.sin(v)
+            for _ in range(i):      # loops inside parallel loops are differentiated (test_adstack.py) when
+                v = qd.sin(v)       # the adstack sizer can bound them; this bound is the parallel index
             loss[None] += v
 
-    with pytest.raises(qd.QuadrantsSyntaxError, match="inner_loop.grad.*loop inside a parallel for loop"):
-        inner_loop.grad(3)
+    with pytest.raises(qd.QuadrantsCompilationError, match="inner_loop.grad.*adstack sizer cannot bound"):
+        inner_loop.grad()
+
+
+def test_tape_validation_detects_an_overwrite_of_read_data(rng):
+    arch = config.current.arch
+    with pytest.raises(qd.QuadrantsSyntaxError, match="needs qd.init\\(debug=True\\)"):
+        qd.ad.Tape(validation=True)
+    qd.init(arch=arch, debug=True)
+    try:
+        x = qd.field(qd.f64, shape=(N,), needs_grad=True, name="x")
+        y = qd.field(qd.f64, shape=(N,), needs_grad=True, name="y")
+        loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+        @qd.kernel
+        def square():
+            for i in x:
+                y[i] = x[i] * x[i]
+
+        @qd.kernel
+        def shift():
+            for i in x:
+                x[i] = x[i] + 1.0          # overwrites x, which square read
+
+        @qd.kernel
+        def total():
+            for i in y:
+                loss[None] += y[i]
+
+        values = rng.uniform(-1, 1, N)
+        x.from_numpy(values)
+        with qd.ad.Tape(loss=loss, validation=True):   # a valid tape: checked, and the gradient is right
+            square()
+            total()
+        np.testing.assert_allclose(x.grad.to_numpy(), 2 * values, rtol=1e-12)
+        with pytest.raises(qd.QuadrantsRuntimeError,
+                           match="kernel 'shift' overwrote the field x, which kernel 'square' read"):
+            with qd.ad.Tape(loss=loss, validation=True):
+                square()
+                shift()
+                total()
+    finally:
+        qd.init(arch=arch)

@@ -10,14 +10,18 @@ vector or a tuple; these intrinsics decide from the types, at typing time:
   adjoint is summed (broadcasting in the forward code); ``None`` adjoints stay ``None``;
 * ``ad_item_adjoint(base, index, g)``: the contribution of ``base[index]``'s adjoint ``g`` to a
   local vector/matrix ``base`` (``g`` at ``index``, zeros elsewhere), ``None`` for other bases;
-* ``stop_grad(x)``: ``x`` (the transform gives it no adjoint).
+* ``stop_grad(x)``: ``x`` (the transform gives it no adjoint);
+* ``fwd_item(dual_base, index, value)``: forward mode's tangent of an element of a local vector.
 
 Intrinsics, not ``@overload``: nothing goes through Numba's dispatcher (see lowering/spaces.py).
 """
 
 from __future__ import annotations
 
+import operator
+
 from numba.core import types
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from ..typing.matrix import MatrixType
@@ -114,6 +118,28 @@ def stop_grad(typingctx, x):
     """``qd.stop_grad(x)``: ``x``, with no gradient flowing through it."""
 
     def codegen(context, builder, sig, args):
-        return args[0]
+        return impl_ret_borrowed(context, builder, x, args[0])
 
     return x(x), codegen
+
+
+@intrinsic
+def fwd_item(typingctx, dual_base, index, value):
+    """Forward mode: the tangent of ``base[index]`` from ``base``'s tangent ``dual_base`` — its
+    element when the tangent is a vector/matrix, else a zero of ``value``'s adjoint type."""
+    rt = _adjoint_type(value)
+    dual_base = types.unliteral(dual_base)
+    item_sig = typingctx.resolve_function_type(operator.getitem, (dual_base, index), {}) \
+        if isinstance(dual_base, MatrixType) else None
+    if item_sig is None:
+        def zero_codegen(context, builder, sig, args):
+            return _zero(context, builder, rt)
+
+        return rt(dual_base, index, value), zero_codegen
+
+    def codegen(context, builder, sig, args):
+        impl = context.get_function(operator.getitem, item_sig)
+        item = impl(builder, (args[0], args[1]))
+        return context.cast(builder, item, item_sig.return_type, rt)
+
+    return rt(dual_base, index, value), codegen

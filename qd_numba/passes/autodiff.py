@@ -15,9 +15,15 @@ order, each body replaced by
 
 Adjoints are typed by the compiled helpers of lowering/autodiff.py (``zero_like``, ``ad_acc``):
 this pass never knows a type, so integers carry float adjoints nobody reads, and integer casts
-stop gradients by rule. Loops inside a task (adstacks) are rejected with a clear error in this
-slice. The pass then reorders the tasks and re-runs PlanTasks; it never touches the forward
-compile.
+stop gradients by rule.
+
+Loops inside a task (any CFG: nested ``for``, ``while``, ``break``/``continue``): each block
+inside a loop pushes, at the end of its forward execution, its path record and its non-constant
+versions onto the thread's adstack (lowering/adstack.py), and its adjoint block pops them first,
+so the walk replays every iteration backwards. The task's stack depth is a size expression from
+the loops' trip counts (bounds.size_expr), evaluated before each launch (adstack.py); a loop it
+cannot bound is a compile error unless ``qd.init(ad_stack_size=N)`` is set. The pass then
+reorders the tasks and re-runs PlanTasks; it never touches the forward compile.
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ import numpy as np
 from numba.core import types
 
 from .. import math as qd_math
+from ..adstack import AdStack, render
 from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
 from ..field import Field
 from ..lang import random as qd_random
+from ..lowering import adstack as ad_stack
+from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
-from ..lowering import spaces, subscripts
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
 from .base import MISSING, is_global_data, try_static
+from .bounds import _arg_name, size_expr
 from .ir_builder import successors
 from .plan_tasks import PlanTasks
 
@@ -52,6 +61,8 @@ _NO_GRADIENT = {builtins.int, builtins.bool, builtins.len, builtins.range, ad_he
                 spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
                 spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple}
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
+_ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
+_ARRAY_STORES = (array_access.array_store, array_access.checked_array_store)
 
 
 def _is_no_gradient(callee) -> bool:
@@ -77,11 +88,17 @@ class ReverseMode:
                 raise state.error(QuadrantsCompilationError,
                                   f"kernel.grad: serial code with side effects ({unit.task.loc}) cannot be "
                                   "differentiated yet; move it into a parallel loop")
-        for lp in state.loops:
-            _Transform(state, lp).run()
+        transforms = [_Transform(state, lp) for lp in state.loops]
+        for t in transforms:          # loop analysis reads the definitions before any rewrite
+            t.find_inner_loops()
+        for t in transforms:
+            t.run()
         _reverse_task_order(state)
         state.refresh_definitions()
         PlanTasks().run(state)
+        uids = {t.header: t.uid for t in state.tasks}
+        for stack in state.adstacks:
+            stack.task_uid = uids[stack.header]
         return True
 
 
@@ -183,11 +200,168 @@ class _Transform:
         self.assigned = {stmt.target.name for lbl in self.body for stmt in self.blocks[lbl].body
                          if isinstance(stmt, self.ir.Assign)}
         self.adjoint = {}           # version name -> adjoint var
+        self.constant = set()       # versions assigned a constant or a global
         self.canonical = {}         # user variable name -> adjoint var of its value across blocks
+
+    # -- loops inside the task: adstacks ----------------------------------------------------------
+    def find_inner_loops(self):
+        """The loops of the body (natural loops of its back edges), the blocks each contains, and
+        each one's trip count as a size expression (None where the sizer cannot express it)."""
+        ir = self.ir
+        inside = set(self.body)
+        state_of, back = {}, []
+        preds = {lbl: [] for lbl in inside}
+
+        def visit(lbl):
+            state_of[lbl] = "open"
+            for succ in successors(ir, self.blocks[lbl]):
+                if succ not in inside:
+                    continue
+                preds[succ].append(lbl)
+                if state_of.get(succ) == "open":
+                    back.append((lbl, succ))
+                elif succ not in state_of:
+                    visit(succ)
+            state_of[lbl] = "done"
+
+        visit(self.entry)
+        self.loops, self.tails = {}, {}
+        for tail, head in back:
+            self.tails.setdefault(head, []).append(tail)
+            members = self.loops.setdefault(head, {head})
+            work = [tail]
+            while work:
+                lbl = work.pop()
+                if lbl not in members:
+                    members.add(lbl)
+                    work.extend(preds[lbl])
+        if self.entry in self.loops:
+            raise self.state.error(QuadrantsSyntaxError, "kernel.grad: a parallel loop whose body starts with a "
+                                   "loop cannot be differentiated; put a statement before it",
+                                   self.blocks[self.entry].loc)
+        self.trips = {head: self._trip_count(head) for head in self.loops}
+
+    def _is_for(self, head) -> bool:
+        ir = self.ir
+        return any(isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "iternext"
+                   for stmt in self.blocks[head].body)
+
+    def _trip_count(self, head):
+        """The iterations of the loop headed by ``head``: a ``for`` over ``range(...)``."""
+        ir, state = self.ir, self.state
+        for stmt in self.blocks[head].body:
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "iternext":
+                it = _resolved(state, stmt.value.value)
+                if not (isinstance(it, ir.Expr) and it.op == "getiter"):
+                    return None
+                rng = _resolved(state, it.value)
+                if not (isinstance(rng, ir.Expr) and rng.op == "call" and try_static(state, rng.func) is range) \
+                        or rng.kws or not 1 <= len(rng.args) <= 3:
+                    return None
+                parts = [size_expr(state, a) for a in rng.args]
+                if any(p is None for p in parts):
+                    return None
+                start, stop, step = ([("const", 0)] + parts if len(parts) == 1 else parts) + [("const", 1)] * (
+                    3 - max(2, len(parts)))
+                if step[0] != "const" or step[1] <= 0:
+                    return None
+                span = ("-", stop, start) if step[1] == 1 else ("//", ("+", ("-", stop, start),
+                                                                       ("const", step[1] - 1)), step)
+                return ("max", ("const", 0), span)
+        return None
+
+    def _stack_size(self, info):
+        """Words one thread pushes in one iteration of the task: per block inside loops, its
+        words times the product of (trips + 1) of the loops holding it (headers run once more)."""
+        total = ("const", 0)
+        for lbl in sorted(self.stacked):
+            b = info[lbl]
+            term = ("const", len(self._saved(b)))
+            for head in sorted(h for h, members in self.loops.items() if lbl in members):
+                term = ("*", term, ("+", self.trips[head], ("const", 1)))
+            total = term if total == ("const", 0) else ("+", total, term)
+        return total
+
+    def _open_stack(self, info):
+        """The task's AdStack, and ``$ad_stack``/``$ad_top`` at the start of each iteration."""
+        state, ir = self.state, self.ir
+        unbounded = [h for h, trip in self.trips.items() if trip is None]
+        if unbounded and not state.config.ad_stack_size:
+            head = min(unbounded)
+            # a for loop's header starts at its line; a while loop's test ends the block looping back
+            loc = self.blocks[head].body[0].loc if self._is_for(head) else \
+                self.blocks[max(self.tails[head])].body[-1].loc
+            raise state.error(QuadrantsCompilationError,
+                              "kernel.grad: the adstack sizer cannot bound this loop inside a parallel loop (it "
+                              "sizes for loops over range() of constants, scalar arguments, ndarray shapes and "
+                              "field/ndarray elements at constant indices, with + - * // max min); "
+                              "set qd.init(ad_stack_size=N) to give the depth", loc)
+        size = None if unbounded else self._stack_size(info)
+        task = next(t for t in state.tasks if t.header == self.lp.header)
+        text = render(size, lambda k: _arg_name(state, k)) if size is not None else "qd.init(ad_stack_size)"
+        stack = AdStack(state.kernel_name, task.loc, size, text)
+        stack.header = self.lp.header
+        state.adstacks.append(stack)
+        desc = _hidden_var(state, stack.desc, self.loc)
+        entry = self.blocks[self.entry]
+        opening = [ir.Assign(ir.Global("ad_stack_open", ad_stack.ad_stack_open, self.loc), self._fixed("$ad_open"),
+                             self.loc),
+                   ir.Assign(ir.Expr.call(self._fixed("$ad_open"), [desc], (), self.loc), self._fixed("$ad_stack"),
+                             self.loc),
+                   ir.Assign(ir.Const(0, self.loc), self._fixed("$ad_top"), self.loc)]
+        entry.body[:0] = opening
+        # an overflowed stack cannot replay the path: skip the reverse (the launch raises)
+        latch = self.blocks[self.latch]
+        e = _Emitter(state, self.scope, self.loc, latch.body)
+        jump = latch.body.pop()
+        full = e.call(ad_stack.ad_overflowed, [self._fixed("$ad_stack"), self._fixed("$ad_top")])
+        latch.body.append(ir.Branch(full, self.done, jump.target, self.loc))
+
+    def _read_by_adjoints(self, labels) -> set:
+        """Names whose values the adjoint blocks read (a ``zero_like`` argument gives only its type)."""
+        ir = self.ir
+        stmts = [stmt for lbl in labels for stmt in self.blocks[lbl].body]
+        zero_fns = {stmt.target.name for stmt in stmts if isinstance(stmt, ir.Assign)
+                    and isinstance(stmt.value, ir.Global) and stmt.value.value is ad_helpers.zero_like}
+        out = set()
+        for stmt in stmts:
+            value = getattr(stmt, "value", None)
+            if isinstance(value, ir.Expr) and value.op == "call" and value.func.name in zero_fns:
+                continue
+            out.update(v.name for v in stmt.list_vars() if not (isinstance(stmt, ir.Assign) and v is stmt.target))
+        return out
+
+    def _saved(self, b):
+        """What a block inside a loop pushes: its path record and the versions the adjoints read
+        (constants are the same in every execution: not pushed)."""
+        return ([b.came_from] if b.came_from is not None else []) + \
+            [v for v in b.versions if v.name not in self.constant and v.name in self.needed]
+
+    def _push_all(self, b):
+        """At the end of the block's forward execution (before its terminator)."""
+        block = self.blocks[b.label]
+        out = []
+        e = _Emitter(self.state, self.scope, self.loc, out)
+        top = self._fixed("$ad_top")
+        for var in self._saved(b):
+            out.append(self.ir.Assign(e.call(ad_stack.ad_push, [self._fixed("$ad_stack"), top, var]), top, self.loc))
+        block.body[-1:-1] = out
+
+    def _pop_all(self, b):
+        """At the start of the block's adjoint."""
+        ir = self.ir
+        out = []
+        e = _Emitter(self.state, self.scope, self.loc, out)
+        top = self._fixed("$ad_top")
+        for var in reversed(self._saved(b)):
+            out.append(ir.Assign(e.call(ad_stack.ad_pop_top, [top, var]), top, self.loc))
+            out.append(ir.Assign(e.call(ad_stack.ad_pop, [self._fixed("$ad_stack"), top, var]), var, self.loc))
+        self.blocks[b.reverse].body[:0] = out
 
     def run(self):
         ir = self.ir
-        order = self._topological_order()
+        order = self._block_order()
+        self.stacked = set().union(*self.loops.values()) if self.loops else set()
         latch = self.latch = self.state.new_label()
         self.blocks[latch] = ir.Block(self.scope, self.loc)
         self.blocks[latch].body = [ir.Jump(self.lp.header, self.loc)]
@@ -205,7 +379,7 @@ class _Transform:
         for lbl in order:
             info[lbl] = _Block(lbl, self.state.new_label(), [], [], preds[lbl])
             self.blocks[info[lbl].reverse] = ir.Block(self.scope, self.loc)
-        done = self.state.new_label()
+        done = self.done = self.state.new_label()
         self.blocks[done] = ir.Block(self.scope, self.loc)
         self.blocks[done].body.append(ir.Jump(self.lp.header, self.loc))
         for lbl in order:
@@ -213,28 +387,26 @@ class _Transform:
         new_labels = {done}
         for lbl in reversed(order):
             new_labels |= self._reverse(info[lbl], info, done, latch)
+        if self.stacked:
+            self.needed = self._read_by_adjoints(new_labels)
+            for lbl in self.stacked:
+                self._push_all(info[lbl])
+                self._pop_all(info[lbl])
+            self._open_stack(info)
         self.lp.body |= {latch} | new_labels
         self.state.tasks = [dataclasses.replace(t, body=frozenset(self.lp.body)) if t.header == self.lp.header
                             else t for t in self.state.tasks]
 
-    def _topological_order(self):
+    def _block_order(self):
+        """The body's blocks from the entry, depth first (loops inside the body allowed)."""
         ir = self.ir
-        order, state_of = [], {}
+        order, seen = [], set()
 
         def visit(lbl):
-            state_of[lbl] = "open"
+            seen.add(lbl)
             for succ in successors(ir, self.blocks[lbl]):
-                if succ == self.lp.header or succ not in self.lp.body:
-                    continue
-                if state_of.get(succ) == "open":
-                    loc = self.blocks[lbl].body[-1].loc
-                    raise self.state.error(
-                        QuadrantsSyntaxError,
-                        "kernel.grad: a loop inside a parallel for loop cannot be differentiated yet "
-                        "(adstacks are not implemented)", loc)
-                if succ not in state_of:
+                if succ != self.lp.header and succ in self.lp.body and succ not in seen:
                     visit(succ)
-            state_of[lbl] = "done"
             order.append(lbl)
 
         visit(self.entry)
@@ -274,6 +446,8 @@ class _Transform:
             fwd = _renamed_copy(state, stmt, mapping)
             if isinstance(stmt, ir.Assign):
                 version = e.var(f"$ad_{_clean(stmt.target.name)}")
+                if isinstance(stmt.value, (ir.Const, ir.Global, ir.FreeVar)):
+                    self.constant.add(version.name)
                 fwd.target = version
                 out.append(self._forward_effect(stmt, fwd))
                 current[stmt.target.name] = version
@@ -298,13 +472,17 @@ class _Transform:
         block.body = out
 
     def _forward_effect(self, stmt, fwd):
-        """An atomic update of global data: the forward kernel did it; the old value is read."""
+        """An atomic update of global data: the forward kernel did it; the old value is read.
+        A store to an ndarray argument: the forward kernel made it."""
         ir = self.ir
         value = stmt.value
-        if isinstance(value, ir.Expr) and value.op == "call" \
-                and try_static(self.state, value.func) is subscripts.atomic_update:
-            base, index = fwd.value.args[0], fwd.value.args[1]
-            return ir.Assign(ir.Expr.getitem(base, index, stmt.loc), fwd.target, stmt.loc)
+        if isinstance(value, ir.Expr) and value.op == "call":
+            callee = try_static(self.state, value.func)
+            if callee is subscripts.atomic_update:
+                base, index = fwd.value.args[0], fwd.value.args[1]
+                return ir.Assign(ir.Expr.getitem(base, index, stmt.loc), fwd.target, stmt.loc)
+            if callee in _ARRAY_STORES:
+                return ir.Assign(ir.Const(None, stmt.loc), fwd.target, stmt.loc)
         return fwd
 
     # -- adjoint ----------------------------------------------------------------------------------
@@ -421,6 +599,8 @@ class _Transform:
         state = self.state
         callee = try_static(state, stmt.value.func)
         args = fwd.value.args
+        if callee in _ARRAY_LOADS:       # ndarray arguments carry no gradient (kernel.py checks the call)
+            return
         if callee is subscripts.atomic_update:
             base, index = stmt.value.args[0], args[1]
             op = try_static(state, stmt.value.args[3])
@@ -484,6 +664,16 @@ def _renamed_copy(state, stmt, mapping):
                           stmt.loc)
     return ir.StaticSetItem(rename(stmt.target, mapping), stmt.index, rename(stmt.index_var, mapping),
                             rename(stmt.value, mapping), stmt.loc)
+
+
+def _resolved(state, var):
+    """The definition of ``var`` through copies (None if it has several)."""
+    for _ in range(20):
+        d = state.definition(var)
+        if not isinstance(d, state.ir.Var):
+            return d
+        var = d
+    return None
 
 
 def _retargeted(ir, term, mapping):

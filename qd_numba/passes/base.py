@@ -70,6 +70,7 @@ class CompileState:
     task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
     random_state: object = None     # () -> qd.random's state field (random_state.state_field)
     autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)
+    adstacks: list = dataclasses.field(default_factory=list)     # adstack.AdStack per gradient task with loops
 
     @property
     def ir(self):

@@ -174,3 +174,57 @@ def render_space_key(key, state=None) -> str:
     if len(dims) == 1:
         return f"range({', '.join(dims[0])})"
     return "ndrange(" + ", ".join(d[0] if len(d) == 1 else f"({', '.join(d)})" for d in dims) + ")"
+
+
+# -- adstack sizes (qd_numba/adstack.py evaluates them on the host before each launch) ---------------
+
+_SIZE_OPS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//"}
+
+
+def _constant_index(value) -> bool:
+    return value is None or isinstance(value, numbers.Integral) or \
+        (isinstance(value, tuple) and all(isinstance(v, numbers.Integral) for v in value))
+
+
+def size_expr(state, var, depth=0):
+    """``var`` as an adstack size expression (adstack.py says their form), or None when it is
+    not one: constants, scalar arguments, ndarray shapes, field or ndarray elements at a
+    constant index, ``+ - * //``, ``max``/``min`` and integer casts of those."""
+    ir = state.ir
+    if depth > 20:
+        return None
+    var, d = resolve_copies(state, var)
+    if isinstance(d, (ir.Const, ir.Global, ir.FreeVar)):    # not try_static of a field element: it changes
+        value = try_static(state, var)
+        return ("const", int(value)) if isinstance(value, numbers.Integral) else None
+    if isinstance(d, ir.Arg):
+        return ("arg", d.index)
+    if not isinstance(d, ir.Expr):
+        return None
+    if d.op in ("static_getitem", "getitem"):
+        index = d.index if d.op == "static_getitem" else try_static(state, d.index)
+        base_def = resolve_copies(state, d.value)[1]
+        if isinstance(base_def, ir.Expr) and base_def.op == "getattr" and base_def.attr == "shape" \
+                and isinstance(index, numbers.Integral):
+            base = size_expr(state, base_def.value, depth + 1)
+            return None if base is None else ("shape", base, int(index))
+        base = size_expr(state, d.value, depth + 1)
+        if base is None or base[0] != "arg" or not _constant_index(index):
+            return None
+        return ("item", base, index)
+    if d.op == "binop" and d.fn in _SIZE_OPS:
+        lhs, rhs = size_expr(state, d.lhs, depth + 1), size_expr(state, d.rhs, depth + 1)
+        return None if lhs is None or rhs is None else (_SIZE_OPS[d.fn], lhs, rhs)
+    if d.op == "call":
+        fn = try_static(state, d.func)
+        parts = [size_expr(state, a, depth + 1) for a in d.args]
+        if d.kws or any(p is None for p in parts):
+            return None
+        if fn in (max, min) and len(parts) >= 2:
+            out = parts[0]
+            for p in parts[1:]:
+                out = (fn.__name__, out, p)
+            return out
+        if fn is int and len(parts) == 1:
+            return parts[0]
+    return None

@@ -21,6 +21,7 @@ from .cfg_optimize import CfgOptimize
 from .check_writes import CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
 from .fold_static import FoldStatic
+from .forward_mode import ForwardMode
 from .fuse_tasks import FuseAdjacentTasks
 from .inline_funcs import InlineFuncs
 from .offload import Offload
@@ -52,7 +53,7 @@ UNTYPED_PIPELINE = (
     Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
                        RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),
-    Stage("autodiff", (ReverseMode,)),
+    Stage("autodiff", (ReverseMode, ForwardMode)),
 )
 
 

@@ -40,6 +40,11 @@ class KernelBackend:
         """The Tasks of the instance these bound arguments select (compiling it if needed)."""
         raise NotImplementedError
 
+    def compile_state(self, args):
+        """The CompileState of that instance: its tasks and their accesses, its hidden fields
+        (``qd.ad.Tape(validation=True)`` reads which fields a call reads)."""
+        raise NotImplementedError
+
 
 class Target:
     """One backend."""

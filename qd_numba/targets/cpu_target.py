@@ -14,7 +14,7 @@ import numpy as np
 from numba import _dispatcher
 from numba.core import types
 
-from .. import config, offline_cache, profiler
+from .. import adstack, config, offline_cache, profiler
 from ..errors import QuadrantsError, QuadrantsTypeError
 from ..field import Field, Ndarray
 from ..frontend.args import (
@@ -220,11 +220,14 @@ class CpuKernel(KernelBackend):
         kernel.compile_count += 1
         hidden = tuple(f._arr for f in state.hidden)
         key = artifact_key(kernel, param_types, templates, state.hidden, cfg, "cpu")
-        hidden_paths = place.hidden_paths(state.hidden) if place is not None else None
+        # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
+        hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
         if hidden_paths is not None:
             offline_cache.store(place, offline_cache.cpu_payload(cres, state.tasks, hidden_paths),
                                 (cres, list(state.tasks), hidden_paths))
         entry = cres.entry_point
+        if state.adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
+            entry = adstack.wrap_cpu_entry(entry, state.adstacks)
         if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
             entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))
         return Instance(entry, hidden, list(state.tasks), cres, task_functions, state, key)
@@ -232,3 +235,6 @@ class CpuKernel(KernelBackend):
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, args):
         return list(self._instance(self.host_args(args)).tasks)
+
+    def compile_state(self, args):
+        return self._instance(self.host_args(args)).state

@@ -79,6 +79,9 @@ class CudaKernel(KernelBackend):
     def tasks(self, args) -> list:
         return list(self.plan_for(args).tasks)
 
+    def compile_state(self, args):
+        return self.plan_for(args).state
+
     def _make_launcher(self):
         """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
         arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of

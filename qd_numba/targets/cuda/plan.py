@@ -25,7 +25,7 @@ import re
 import numpy as np
 from numba.core import types
 
-from ... import config, offline_cache, profiler
+from ... import adstack, config, offline_cache, profiler
 from ...field import Ndarray
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
@@ -505,10 +505,11 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(rt.cc))
     with profiler.stage("module load"):
         functions = [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
-    hidden_paths = place.hidden_paths(state.hidden) if place is not None else None
+    # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
+    hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
     if hidden_paths is not None:
         offline_cache.store(place, (binary, hidden_paths), (binary, hidden_paths, functions))
-    return launch_plan(kernel, binary, state.hidden, functions)
+    return launch_plan(kernel, binary, state.hidden, functions, state.adstacks)
 
 
 def _load_modules(payload) -> tuple:
@@ -521,9 +522,10 @@ def _load_modules(payload) -> tuple:
     return binary, hidden_paths, [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
 
 
-def launch_plan(kernel, binary: PlanBinary, fields, functions) -> LaunchPlan:
+def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of a compiled kernel instance: ``fields`` are its fields (in the
-    order of its context slots), ``functions`` the (module, function) of each task's cubin."""
+    order of its context slots), ``functions`` the (module, function) of each task's cubin,
+    ``adstacks`` the adstacks of a gradient kernel (``CompileState.adstacks``; never cached)."""
     rt = CudaRuntime.get()
     field_table = rt.field_table(fields)
     cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))]}
@@ -549,5 +551,9 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions) -> LaunchPlan:
         launches.append(TaskLaunch(t.task, fn, module, argv, grid, block, total_index, t))
     totals_fn, static_totals = host_totals(kernel, binary.totals, fields)
     params = [(p.name, p.kind) for p in kernel.params]
-    return LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
+    plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
                       field_table, binary.ret)
+    if adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
+        rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
+        plan.run = adstack.wrap_cuda_run(plan.run, adstacks, params, list(fields), rows.__getitem__, rt.device_words)
+    return plan

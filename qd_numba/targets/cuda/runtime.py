@@ -249,6 +249,11 @@ class CudaRuntime:
         host = np.array([f._dev.device_ctypes_pointer.value for f in fields] or [0], np.uint64)
         return self.cuda.to_device(host)
 
+    def device_words(self, count: int):
+        """A device buffer of ``count`` int64 words and its address (adstack heaps)."""
+        buf = self.cuda.device_array(count, np.int64)
+        return buf, int(buf.device_ctypes_pointer.value)
+
     def global_address(self, module, symbol: str) -> int:
         err, address, _ = _driver().cuModuleGetGlobal(module, symbol.encode())
         _check((err,), f"cuModuleGetGlobal({symbol})")

@@ -84,15 +84,17 @@ class Tape:
 
     def before_call(self, kernel, args) -> None:
         """validation: snapshot the fields with gradients this call reads."""
-        state = kernel.backend().compile_state(args)
+        tasks, fields = kernel.backend().tasks_and_fields(args)
+        runtime_params = sum(p.kind != "template" for p in kernel.params)   # hidden fields follow them
         read = {}
-        for task in state.tasks:
+        for task in tasks:
             # ``f[i] += v`` reads the old value of f only to return it: accumulated fields are skipped
             accumulated = {a.resource for a in task.accesses if a.what == "atomic"}
             for access in task.accesses:
                 if access.kind != "read" or access.resource in accumulated:
                     continue
-                field = state.hidden_by_arg_index(access.resource)
+                k = access.resource - runtime_params if isinstance(access.resource, int) else -1
+                field = fields[k] if 0 <= k < len(fields) else None
                 if field is not None and getattr(field, "grad", None) is not None:
                     read[id(field)] = field
         self.snapshots += [(field, field.to_numpy(), kernel) for field in read.values()]

@@ -40,9 +40,10 @@ class KernelBackend:
         """The Tasks of the instance these bound arguments select (compiling it if needed)."""
         raise NotImplementedError
 
-    def compile_state(self, args):
-        """The CompileState of that instance: its tasks and their accesses, its hidden fields
-        (``qd.ad.Tape(validation=True)`` reads which fields a call reads)."""
+    def tasks_and_fields(self, args):
+        """The Tasks of the instance these arguments select (with their accesses) and its fields
+        in hidden-argument order (``qd.ad.Tape(validation=True)`` reads which fields a call
+        reads); also for an instance loaded from the offline cache."""
         raise NotImplementedError
 
 

@@ -42,10 +42,12 @@ from .untyped import gc_paused, untyped_compile
 class Instance:
     """One compiled kernel instance (per argument types and template values)."""
 
-    __slots__ = ("entry", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
+    __slots__ = ("entry", "fields", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
 
-    def __init__(self, entry, hidden, tasks, cres, task_functions, state, artifact_key):
-        self.entry, self.hidden, self.tasks = entry, hidden, tasks
+    def __init__(self, entry, fields, tasks, cres, task_functions, state, artifact_key):
+        self.fields = list(fields)                     # in hidden-argument order
+        self.hidden = tuple(f._arr for f in fields)    # their buffers, as the entry point takes them
+        self.entry, self.tasks = entry, tasks
         self.cres, self.task_functions, self.state = cres, task_functions, state
         self.artifact_key = artifact_key    # content key of the compiled code (frontend/keys.py)
 
@@ -189,8 +191,8 @@ class CpuKernel(KernelBackend):
                     loaded = offline_cache.load(place, offline_cache.cpu_rebuild)
                 if loaded is not None:
                     cres, tasks, hidden_paths = loaded
-                    hidden = tuple(place.arrays[p]._arr for p in hidden_paths)
-                    return Instance(cres.entry_point, hidden, list(tasks), cres, [], None, place.key)
+                    fields = [place.arrays[p] for p in hidden_paths]
+                    return Instance(cres.entry_point, fields, list(tasks), cres, [], None, place.key)
             return self._compile(param_types, templates, place)
 
     def _compile(self, param_types, templates, place=None) -> Instance:
@@ -218,7 +220,6 @@ class CpuKernel(KernelBackend):
                 raise
             raise err from None
         kernel.compile_count += 1
-        hidden = tuple(f._arr for f in state.hidden)
         key = artifact_key(kernel, param_types, templates, state.hidden, cfg, "cpu")
         # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
         hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
@@ -230,11 +231,12 @@ class CpuKernel(KernelBackend):
             entry = adstack.wrap_cpu_entry(entry, state.adstacks)
         if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
             entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))
-        return Instance(entry, hidden, list(state.tasks), cres, task_functions, state, key)
+        return Instance(entry, state.hidden, list(state.tasks), cres, task_functions, state, key)
 
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, args):
         return list(self._instance(self.host_args(args)).tasks)
 
-    def compile_state(self, args):
-        return self._instance(self.host_args(args)).state
+    def tasks_and_fields(self, args):
+        instance = self._instance(self.host_args(args))
+        return instance.tasks, instance.fields

@@ -79,8 +79,9 @@ class CudaKernel(KernelBackend):
     def tasks(self, args) -> list:
         return list(self.plan_for(args).tasks)
 
-    def compile_state(self, args):
-        return self.plan_for(args).state
+    def tasks_and_fields(self, args):
+        plan = self.plan_for(args)
+        return plan.tasks, plan.fields
 
     def _make_launcher(self):
         """Generate this kernel's call path, ``caller(*args)``: views and spec key of the

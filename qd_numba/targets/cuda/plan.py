@@ -553,6 +553,7 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     params = [(p.name, p.kind) for p in kernel.params]
     plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
                       field_table, binary.ret)
+    plan.fields = list(fields)   # in context-slot order (qd.ad.Tape validation reads them)
     if adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
         rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
         plan.run = adstack.wrap_cuda_run(plan.run, adstacks, params, list(fields), rows.__getitem__, rt.device_words)

@@ -12,24 +12,33 @@ LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_uint64] + [ctypes.c_uint32
 RECORD = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64)
 
 
+_STATE = {"launches": [], "records": [], "fail": {}}
+
+
+@LAUNCH
+def _launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    _STATE["launches"].append((fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra))
+    return _STATE["fail"].get(fn, 0)
+
+
+@RECORD
+def _record(event, stream):
+    _STATE["records"].append((event, stream))
+    return 0
+
+
+_LAUNCHERS = []   # one set of launch loops for the module (engines live as long as the process)
+
+
 @pytest.fixture
 def driver():
-    state = {"launches": [], "records": [], "fail": {}}
-
-    @LAUNCH
-    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        state["launches"].append((fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra))
-        return state["fail"].get(fn, 0)
-
-    @RECORD
-    def record(event, stream):
-        state["records"].append((event, stream))
-        return 0
-
-    state["keep"] = (launch, record)
-    state["launchers"] = Launchers(ctypes.cast(launch, ctypes.c_void_p).value,
-                                   ctypes.cast(record, ctypes.c_void_p).value)
-    return state
+    if not _LAUNCHERS:
+        _LAUNCHERS.append(Launchers(ctypes.cast(_launch, ctypes.c_void_p).value,
+                                    ctypes.cast(_record, ctypes.c_void_p).value))
+    _STATE["launches"].clear()
+    _STATE["records"].clear()
+    _STATE["fail"].clear()
+    return {**_STATE, "launchers": _LAUNCHERS[0]}
 
 
 def packed_tasks(rng, n, stream):

@@ -168,8 +168,11 @@ class Launchers:
         parsed = llvm.parse_assembly(str(module))
         parsed.verify()
         machine = llvm.Target.from_default_triple().create_target_machine(opt=2)
-        self._engine = llvm.create_mcjit_compiler(parsed, machine)   # owns the code: kept alive with self
+        self._engine = llvm.create_mcjit_compiler(parsed, machine)
         self._engine.finalize_object()
+        # engines live until the process ends: a test run that disposed several of them next to
+        # Numba's own engine aborted at exit in LLVM's StringMap (seen with llvmlite 0.50)
+        _ENGINES.append(self._engine)
         address = self._engine.get_function_address
         c_i64, c_ptr = ctypes.c_int64, ctypes.c_void_p
         self.launch_all = ctypes.CFUNCTYPE(c_i64, c_ptr)(address("qd_launch_all"))
@@ -181,6 +184,9 @@ class Launchers:
         """``launch_all()`` of the packed array at address ``packed`` (kept alive by the caller),
         as a builtin function taking no arguments."""
         return _new_builtin(ctypes.addressof(self._method), packed, None)
+
+
+_ENGINES: list = []
 
 
 class _PyMethodDef(ctypes.Structure):

@@ -130,16 +130,7 @@ class Kernel(KernelObject):
         if self.return_type is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}': a kernel that returns a value cannot be "
                                        "differentiated (kernel.grad)")
-        if self._grad is None:
-            with self._lock:
-                if self._grad is None:
-                    grad = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
-                    grad.name, grad.qualname = f"{self.name}.grad", f"{self.qualname}.grad"
-                    grad.autodiff_mode = "reverse"
-                    grad.primal = self
-                    grad._install_caller()
-                    self._grad = grad
-        return self._grad
+        return self._derivative("_grad", "grad", "reverse")
 
     @property
     def forward_mode(self) -> Kernel:
@@ -148,16 +139,21 @@ class Kernel(KernelObject):
         it reads."""
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
-        if self._forward_mode is None:
+        return self._derivative("_forward_mode", "forward_mode", "forward")
+
+    def _derivative(self, attr: str, suffix: str, mode: str) -> Kernel:
+        """The derivative kernel kept in ``attr`` (made once): the same function compiled with
+        ``autodiff_mode = mode``, named ``<kernel>.<suffix>``."""
+        if getattr(self, attr) is None:
             with self._lock:
-                if self._forward_mode is None:
-                    fwd = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
-                    fwd.name, fwd.qualname = f"{self.name}.forward_mode", f"{self.qualname}.forward_mode"
-                    fwd.autodiff_mode = "forward"
-                    fwd.primal = self
-                    fwd._install_caller()
-                    self._forward_mode = fwd
-        return self._forward_mode
+                if getattr(self, attr) is None:
+                    derived = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
+                    derived.name, derived.qualname = f"{self.name}.{suffix}", f"{self.qualname}.{suffix}"
+                    derived.autodiff_mode = mode
+                    derived.primal = self
+                    derived._install_caller()
+                    setattr(self, attr, derived)
+        return getattr(self, attr)
 
     def _bind(self, args, kwargs):
         try:

@@ -46,7 +46,7 @@ from ..lowering import adstack as ad_stack
 from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
-from .base import MISSING, is_global_data, try_static
+from .base import MISSING, hidden_argument, is_global_data, try_static
 from .bounds import _arg_name, size_expr
 from .ir_builder import successors
 from .plan_tasks import PlanTasks
@@ -302,7 +302,7 @@ class _Transform:
         stack = AdStack(state.kernel_name, task.loc, size, text)
         stack.header = self.lp.header
         state.adstacks.append(stack)
-        desc = _hidden_var(state, stack.desc, self.loc)
+        desc = hidden_argument(state, stack.desc, self.loc)
         entry = self.blocks[self.entry]
         opening = [ir.Assign(ir.Global("ad_stack_open", ad_stack.ad_stack_open, self.loc), self._fixed("$ad_open"),
                              self.loc),
@@ -552,7 +552,7 @@ class _Transform:
         field = try_static(self.state, base_stmt_var)
         if not isinstance(field, Field) or field.grad is None:
             return None
-        return _hidden_var(self.state, field.grad, self.loc)
+        return hidden_argument(self.state, field.grad, self.loc)
 
     def _store_adjoint(self, e, stmt, fwd):
         grad = self._grad_field(e, stmt.target)
@@ -685,22 +685,6 @@ def _retargeted(ir, term, mapping):
 
 def _clean(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
-
-
-def _hidden_var(state, obj, loc):
-    """The hidden argument of field ``obj`` (a new one for a gradient field the kernel did not use)."""
-    ir = state.ir
-    entry = state.func_ir.blocks[min(state.func_ir.blocks)]
-    scope = entry.scope
-    key = id(obj)
-    if key not in state.hidden_vars:
-        index = len(state.runtime_params) + len(state.hidden)
-        name = f"__qd_field_{len(state.hidden)}"
-        state.hidden.append(obj)
-        scope.get_or_define(name, loc)
-        state.hidden_vars[key] = name
-        entry.body.insert(0, ir.Assign(ir.Arg(name, index, loc), ir.Var(scope, name, loc), loc))
-    return ir.Var(scope, state.hidden_vars[key], loc)
 
 
 # -- task order ----------------------------------------------------------------------------------------

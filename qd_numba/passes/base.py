@@ -195,6 +195,28 @@ def resolve_copies(state, var, limit: int = 50):
     return var, None
 
 
+def hidden_argument(state, obj, loc, into: list | None = None):
+    """The variable of field/ndarray ``obj`` as a hidden kernel argument: a new argument (bound
+    at the front of the entry block, or appended to ``into`` for the caller to place there) the
+    first time the kernel uses it, the same variable after that."""
+    ir = state.ir
+    entry = state.func_ir.blocks[min(state.func_ir.blocks)]
+    scope = entry.scope
+    name = state.hidden_vars.get(id(obj))
+    if name is None:
+        index = len(state.runtime_params) + len(state.hidden)
+        name = f"__qd_field_{len(state.hidden)}"
+        state.hidden.append(obj)
+        state.hidden_vars[id(obj)] = name
+        scope.get_or_define(name, loc)
+        bind = ir.Assign(ir.Arg(name, index, loc), ir.Var(scope, name, loc), loc)
+        if into is None:
+            entry.body.insert(0, bind)
+        else:
+            into.append(bind)
+    return ir.Var(scope, name, loc)
+
+
 def argument_of(state, var):
     """The ``ir.Arg`` that ``var`` is (a chain of copies of), or None."""
     d = resolve_copies(state, var)[1]

@@ -30,11 +30,10 @@ from .autodiff import (
     _MATH_CALLEES,
     _clean,
     _Emitter,
-    _hidden_var,
     _is_no_gradient,
     trace_rule,
 )
-from .base import MISSING, is_global_data, try_static
+from .base import MISSING, hidden_argument, is_global_data, try_static
 from .plan_tasks import PlanTasks
 
 _PLUMBING = ("getiter", "iternext", "pair_first", "pair_second", "exhaust_iter")
@@ -115,7 +114,7 @@ class _Tangents:
     def _dual_field(self, base, loc):
         field = try_static(self.state, base)
         dual = getattr(field, "dual", None)
-        return None if dual is None else _hidden_var(self.state, dual, loc)
+        return None if dual is None else hidden_argument(self.state, dual, loc)
 
     def _assign(self, e, stmt):
         """The tangent of ``stmt.target`` (an IR value) after the statements it needs."""

@@ -28,7 +28,7 @@ from .. import dtypes
 from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..lang import random as qd_random
 from ..lowering.random import launch_key, random_at
-from .base import MISSING, try_static
+from .base import MISSING, hidden_argument, try_static
 
 SERIAL_STREAM = 0
 
@@ -37,23 +37,6 @@ def _is_random_call(state, stmt) -> bool:
     ir = state.ir
     return isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call" \
         and try_static(state, stmt.value.func) is qd_random
-
-
-def _hidden_argument(state, field, loc):
-    """The variable of ``field`` as a hidden kernel argument (bound in the entry block), as
-    ResolveGlobals makes them."""
-    ir = state.ir
-    entry = state.func_ir.blocks[min(state.func_ir.blocks)]
-    scope = entry.scope
-    name = state.hidden_vars.get(id(field))
-    if name is None:
-        index = len(state.runtime_params) + len(state.hidden)
-        name = f"__qd_field_{len(state.hidden)}"
-        state.hidden.append(field)
-        state.hidden_vars[id(field)] = name
-        scope.get_or_define(name, loc)
-        entry.body.insert(0, ir.Assign(ir.Arg(name, index, loc), ir.Var(scope, name, loc), loc))
-    return ir.Var(scope, name, loc)
 
 
 class BindRandomStreams:
@@ -71,7 +54,7 @@ class BindRandomStreams:
         stream_of = {lbl: k + 1 for k, lp in enumerate(loops) for lbl in lp.body}
         self.state, self.scope = state, scope
 
-        generator = _hidden_argument(state, state.random_state(), loc)
+        generator = hidden_argument(state, state.random_state(), loc)
         self.key = scope.redefine("$qd_rng_key", loc)
         prologue = self._call(launch_key, [generator], self.key, loc)
         counters = {}   # stream -> (counter variable, index variable)

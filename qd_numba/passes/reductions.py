@@ -43,7 +43,7 @@ from ..field import Field
 from ..lowering import array_access
 from ..lowering import reduce as rd
 from ..lowering import subscripts as sub_impl
-from .base import MISSING, resolve_copies, try_static
+from .base import MISSING, hidden_argument, resolve_copies, try_static
 from .ir_builder import retarget, successors
 from .plan_tasks import _assignments
 
@@ -376,17 +376,8 @@ class ReduceAtomics:
     @staticmethod
     def _cell_field(state, cells: int):
         """A ``u64`` field of one 8-byte cell per kernel-scope reduction, as a hidden argument."""
-        ir = state.ir
         field = Field(dtypes.u64, (cells,), name=f"{state.kernel_name}.reductions")
-        entry = state.func_ir.blocks[min(state.func_ir.blocks)]
-        loc = entry.loc
-        index = len(state.runtime_params) + len(state.hidden)
-        name = f"__qd_field_{len(state.hidden)}"
-        state.hidden.append(field)
-        state.hidden_vars[id(field)] = name
-        var = entry.scope.get_or_define(name, loc)
-        entry.body.insert(0, ir.Assign(ir.Arg(name, index, loc), var, loc))
-        return var
+        return hidden_argument(state, field, state.func_ir.blocks[min(state.func_ir.blocks)].loc)
 
     def _rewrite(self, state, lp, loop, sites, locals_, buf, warp):
         ir = state.ir

@@ -30,7 +30,7 @@ from ..errors import QuadrantsNameError, QuadrantsSyntaxError, QuadrantsTypeErro
 from ..field import ArrayData
 from ..frontend.objects import KernelObject, QdFunc
 from ..matrix import Matrix
-from .base import MISSING, try_static
+from .base import MISSING, hidden_argument, try_static
 
 _warned_frozen = weakref.WeakKeyDictionary()  # kernel's Python function -> lists it was warned about
 
@@ -91,7 +91,7 @@ class ResolveGlobals:
                                           f"cannot call kernel '{obj.name}' from a kernel; use @qd.func for helpers",
                                           stmt.loc)
                     if isinstance(obj, ArrayData):
-                        hidden = self._hidden_var(state, obj, stmt.loc)
+                        hidden = hidden_argument(state, obj, stmt.loc, into=self._new_args)
                         block.body[k] = ir.Assign(hidden, stmt.target, stmt.loc)
                         changed = True
         if self._new_args:
@@ -101,19 +101,6 @@ class ResolveGlobals:
             state.refresh_definitions()
         return changed
 
-    def _hidden_var(self, state, obj, loc):
-        ir = state.ir
-        entry = state.func_ir.blocks[min(state.func_ir.blocks)]
-        scope = entry.scope
-        key = id(obj)
-        if key not in state.hidden_vars:
-            index = len(state.runtime_params) + len(state.hidden)
-            name = f"__qd_field_{len(state.hidden)}"
-            state.hidden.append(obj)
-            scope.get_or_define(name, loc)
-            state.hidden_vars[key] = name
-            self._new_args.append(ir.Assign(ir.Arg(name, index, loc), ir.Var(scope, name, loc), loc))
-        return ir.Var(scope, state.hidden_vars[key], loc)
 
 
 def _static_inputs(state) -> set:

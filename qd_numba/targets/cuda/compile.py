@@ -452,22 +452,10 @@ def _normalise_cc(cc: Sequence[Any]) -> tuple[Any, ...]:
     raise ValueError(f"compute capability must be (major, minor) or (major, minor, suffix): {cc!r}")
 
 
-def compile_task_to_cubin(
-    func_ir: Any,
-    argtypes: Sequence[Any],
-    *,
-    cc: Sequence[Any] = (9, 0),
-    fastmath: bool = False,
-    debug: bool = False,
-    lineinfo: bool = False,
-    max_registers: int | None = None,
-    opt: bool = True,
-    launch_bounds: int | tuple[int, ...] | None = None,
-    keep_ptx: bool = True,
-    exceptions: bool = False,
-) -> CompiledCudaTask:
+def compile_task_to_cubin(func_ir: Any, argtypes: Sequence[Any], **options: Any) -> CompiledCudaTask:
     """Compile a numba-cuda ``FunctionIR`` into a kernel cubin for ``cc`` without a GPU:
-    :func:`lower_task` then :meth:`LoweredTask.finish`, on this thread.
+    :func:`lower_task` (whose keyword options it takes) then :meth:`LoweredTask.finish`, on this
+    thread.
 
     ``func_ir`` must be numba-cuda IR (``IRTools.for_cuda().run_frontend``, or derived from it as
     tasks.py does), possibly rewritten; it is consumed (Numba's passes mutate it; pass
@@ -478,10 +466,7 @@ def compile_task_to_cubin(
     ``<entry>__errcode__`` global, as numba-cuda's debug kernels do
     (:attr:`CompiledCudaTask.error_symbol`, ``exception_of``).
     Thread-safe: the lowering runs under Numba's and numba-cuda's global compiler lock."""
-    lowered = lower_task(func_ir, argtypes, cc=cc, fastmath=fastmath, debug=debug, lineinfo=lineinfo,
-                         max_registers=max_registers, opt=opt, launch_bounds=launch_bounds, keep_ptx=keep_ptx,
-                         exceptions=exceptions)
-    return lowered.finish()
+    return lower_task(func_ir, argtypes, **options).finish()
 
 
 @dataclass

@@ -19,7 +19,8 @@ for step in "$@"; do
       grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | head -30; tail -2 "$OUT/gpu_suite.log" ;;
     sbs) timeout 300 python3 bench/side_by_side.py --arch cuda --impls ${QD_IMPLS:-qd_numba,quadrants} --out "$OUT/side_by_side_cuda.json" 2>&1 | tail -3 ;;
     compile) timeout 240 python3 bench/compile_time.py --arch cuda --max-k 64 --out "$OUT" 2>&1 | tail -12 ;;
-    before_after) timeout 300 python3 bench/before_after.py .before . --arch cuda --rounds 2 2>&1 | tail -14 ;;
+    before_after) timeout 300 python3 bench/before_after.py ${QD_BEFORE:-.before} . --arch cuda --rounds 2 2>&1 | tail -14 ;;
+    cpu_before_after) timeout 400 python3 bench/before_after.py ${QD_BEFORE:-.before} . --arch cpu --rounds 3 2>&1 | tail -14 ;;
     reduce) timeout 120 python3 bench/reduce.py --arch cuda 2>&1 | tail -12 ;;
     debug) python3 .devscratch/plans_debug.py 2>&1 | tail -8 ;;
     profile) bash .devscratch/warm_profile.sh 2>&1 | tail -70 ;;

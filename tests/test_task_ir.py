@@ -15,6 +15,7 @@ import qd_numba as qd
 from qd_numba.frontend.args import field_type
 from qd_numba.passes.base import IRTools
 from qd_numba.passes.task_ir import CUT_COUNTS, cut_task
+from qd_numba.passes.task_types import type_tasks
 from qd_numba.targets import cpu
 from qd_numba.targets.cuda.compile import numba_cuda_importable
 from qd_numba.targets.untyped import untyped_compile
@@ -55,11 +56,13 @@ class _CountingAnalysis:
 
 
 def _cpu_state(kernel, param_types, templates=None):
+    """The kernel's planned state on the CPU, its Tasks typed by one whole-kernel type inference
+    (what the CUDA target does; the CPU compile takes the types from its own lowering instead)."""
     state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates or {})
     argtypes = [param_types[n] for n in state.runtime_params] + [field_type(f, False) for f in state.hidden]
-    from qd_numba.passes.task_types import type_tasks
-
-    type_tasks(state, cpu.kernel_compiler(argtypes, False))
+    whole_kernel = compiler.Compiler(cpu_target.typing_context, cpu_target.target_context, None, tuple(argtypes),
+                                     None, cpu.compile_flags(False, entry=True), {})
+    type_tasks(state, whole_kernel)
     return state
 
 
@@ -183,6 +186,15 @@ def test_tasks_carry_the_types_the_cpu_lowers(rng):
     got = mixed(a, 3.0)
     assert got == pytest.approx(float(np.sum(d.astype(np.float64) * s)) + 1.0, rel=1e-5)
     np.testing.assert_allclose(a, ref_a, rtol=1e-6)
+    # the compiled kernel's Tasks, typed from the driver and task functions the CPU lowered (no
+    # second type inference), carry the types the whole-kernel inference gives, but for the
+    # loops' range plumbing in the serial code, which the CPU driver replaces by its launches
+    plumbing = {s.target.name for lp in state.loops for s in lp.plumbing}
+    compiled = mixed.tasks(a, 3.0)
+    assert [t.types for t in compiled] == [
+        u.types if u.kind == "range_for" else {n: ty for n, ty in u.types.items() if n not in plumbing}
+        for u in units]
+    assert plumbing & set(units[0].types)
 
 
 @needs_cuda

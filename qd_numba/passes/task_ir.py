@@ -30,6 +30,7 @@ from .ir_builder import emit_call, retarget, successors
 from .plan_tasks import Unit
 
 CUT_COUNTS = collections.Counter()   # "statements" copied or created, "tasks" cut
+LABEL_SHIFT = 1                      # a task function's label of a kernel block: the kernel's + 1
 
 
 @dataclasses.dataclass
@@ -113,7 +114,7 @@ def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
     scope = blocks[min(blocks)].scope
     first = unit.loop.header if unit.kind == "range_for" else unit.start
     loc = blocks[first].loc
-    shift = 1  # label 0 is the new entry block
+    shift = LABEL_SHIFT  # label 0 is the new entry block
 
     # the unit's blocks (and recomputed statements), copied once, sharing the kernel's scope;
     # argument bindings are the entry's job

@@ -6,7 +6,10 @@ arguments (runtime parameters, then the hidden field arguments) and a target's c
 
 What it does: Numba's untyped pipeline and type inference of that compiler — the same passes a
 task function goes through before it is lowered, SSA included — run once on a copy of the whole
-kernel IR. The typemap is then cut per unit: ``unit.types`` (and ``unit.task.types``) maps every
+kernel IR (:func:`type_tasks`, the CUDA target). The CPU target, which types its driver and task
+functions anyway to lower them into one library, hands those typed functions to
+:class:`TaskTyper` instead of typing the kernel a second time. The typemap is then cut per unit:
+``unit.types`` (and ``unit.task.types``) maps every
 variable of the unit's blocks, its live-ins, the values it loads or recomputes and its live-outs to
 its Numba type (literals widened, as a value stored to a temporary or passed to a task is). A name
 that SSA split into versions of one type gets that type; versions of different types in one unit
@@ -40,43 +43,74 @@ def whole_kernel_ir(state, name: str, stable_id: int | None = None):
 def type_tasks(state, compiler) -> None:
     """Type the kernel once with ``compiler`` (a target's Numba compiler object, not yet run)
     and give each planned unit its types."""
+    typer = TaskTyper(state)
     typed_ir, typemap, return_type = _infer(state, compiler)
-    origin = _origins(state)
-    by_label = {}   # label -> kernel variable -> set of types of its versions there
-    for label, block in typed_ir.blocks.items():
-        found = by_label.setdefault(label, {})
-        for stmt in block.body:
-            for var in stmt.list_vars():
-                ty = typemap.get(var.name)
+    typer.assign([TypedPiece(typed_ir.blocks, typemap)], return_type, compiler.state.typingctx)
+
+
+@dataclasses.dataclass
+class TypedPiece:
+    """Typed IR covering part of the kernel: its blocks, its typemap, and the kernel label of each
+    block label (None: the labels are the kernel's; a block mapped to no kernel label is skipped)."""
+
+    blocks: dict
+    typemap: dict
+    kernel_label: dict | None = None
+
+
+class TaskTyper:
+    """Gives each planned unit the types its variables have in typed IR that together covers the
+    kernel: the whole kernel typed once (:func:`type_tasks`), or a target's driver and task
+    functions as it typed them to lower them (the CPU). Built from the kernel IR as planned, so
+    the target may rewrite that IR before :meth:`assign`."""
+
+    def __init__(self, state):
+        self.state = state
+        self.names, self.origin = _origins(state)
+        self.assigned_in = {}   # kernel variable -> labels assigning it
+        for label, block in state.func_ir.blocks.items():
+            for stmt in block.body:
+                if isinstance(stmt, state.ir.Assign):
+                    self.assigned_in.setdefault(stmt.target.name, set()).add(label)
+
+    def assign(self, pieces, return_type, typingctx) -> None:
+        """Set every unit's ``types``, ``state.tasks`` and the plan's return type from ``pieces``
+        (:class:`TypedPiece`) and the kernel's inferred ``return_type``."""
+        by_label = {}   # label -> kernel variable -> set of types of its versions there
+        for piece in pieces:
+            for label, block in piece.blocks.items():
+                if piece.kernel_label is not None:
+                    label = piece.kernel_label.get(label)
+                    if label is None:
+                        continue
+                found = by_label.setdefault(label, {})
+                for stmt in block.body:
+                    for var in stmt.list_vars():
+                        ty = piece.typemap.get(var.name)
+                        name = self.origin(var.name)
+                        if ty is not None and name in self.names:   # not a variable the target added
+                            found.setdefault(name, set()).add(_widen(ty))
+        plan = self.state.task_plan
+        for unit in plan.units:
+            found = {}
+            for label in unit.labels:
+                for name, tys in by_label.get(label, {}).items():
+                    found.setdefault(name, set()).update(tys)
+            outside = set(unit.live_ins) | set(unit.loads) | set(unit.stores) | \
+                {s.target.name for s in unit.recompute}
+            if unit.kind == "range_for":
+                outside.add(unit.loop.total_var.name)
+            for name in outside - found.keys():
+                for label in self.assigned_in.get(name, ()):
+                    found.setdefault(name, set()).update(by_label.get(label, {}).get(name, ()))
+            unit.types = {}
+            for name, tys in sorted(found.items()):
+                ty = typingctx.unify_types(*tys) if len(tys) > 1 else next(iter(tys))
                 if ty is not None:
-                    found.setdefault(origin(var.name), set()).add(_widen(ty))
-    assigned_in = {}
-    for label, block in state.func_ir.blocks.items():
-        for stmt in block.body:
-            if isinstance(stmt, state.ir.Assign):
-                assigned_in.setdefault(stmt.target.name, set()).add(label)
-    unify = compiler.state.typingctx.unify_types
-    plan = state.task_plan
-    for unit in plan.units:
-        found = {}
-        for label in unit.labels:
-            for name, tys in by_label.get(label, {}).items():
-                found.setdefault(name, set()).update(tys)
-        outside = set(unit.live_ins) | set(unit.loads) | set(unit.stores) | \
-            {s.target.name for s in unit.recompute}
-        if unit.kind == "range_for":
-            outside.add(unit.loop.total_var.name)
-        for name in outside - found.keys():
-            for label in assigned_in.get(name, ()):
-                found.setdefault(name, set()).update(by_label.get(label, {}).get(name, ()))
-        unit.types = {}
-        for name, tys in sorted(found.items()):
-            ty = unify(*tys) if len(tys) > 1 else next(iter(tys))
-            if ty is not None:
-                unit.types[name] = ty
-        unit.task = dataclasses.replace(unit.task, types=unit.types)
-    plan.return_type = None if return_type is None else _widen(return_type)
-    state.tasks = [unit.task for unit in plan.units]
+                    unit.types[name] = ty
+            unit.task = dataclasses.replace(unit.task, types=unit.types)
+        plan.return_type = None if return_type is None else _widen(return_type)
+        self.state.tasks = [unit.task for unit in plan.units]
 
 
 def _infer(state, compiler):
@@ -101,9 +135,9 @@ def _infer(state, compiler):
 
 
 def _origins(state):
-    """``name -> the kernel IR variable it is a version of``: SSA names a new version of ``x``
-    ``x.<n>`` (a fresh name in the typed copy's scope), so the kernel's own name is found by
-    stripping suffixes until a name of the kernel IR remains."""
+    """(the kernel IR's variable names, ``name -> the kernel IR variable it is a version of``): SSA
+    names a new version of ``x`` ``x.<n>`` (a fresh name in the typed copy's scope), so the
+    kernel's own name is found by stripping suffixes until a name of the kernel IR remains."""
     names = {var.name for block in state.func_ir.blocks.values() for stmt in block.body
              for var in stmt.list_vars()}
     memo = {}
@@ -117,7 +151,7 @@ def _origins(state):
         memo[name] = base if base in names else name
         return memo[name]
 
-    return origin
+    return names, origin
 
 
 def _widen(ty):

@@ -23,21 +23,24 @@ import threading
 from llvmlite import ir as llir
 from numba.core import cgutils, compiler, types
 from numba.core import ir as numba_ir
+from numba.core.codegen import JITCodeLibrary
 from numba.core.imputils import lower_constant
 from numba.core.registry import cpu_target
 from numba.core.typing.typeof import typeof_impl
 from numba.extending import intrinsic, models, register_model
 
 from ..passes.base import copy_ir
+from ..passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ..passes.task_ir import TaskABI, cut_task
-from ..passes.task_types import whole_kernel_ir
+from ..passes.task_types import TypedPiece, whole_kernel_ir
 from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
 
-CODEGEN_STAGES = ("task typing: the kernel typed once, each Task given its types (passes/task_types.py)",
-                  "split into a driver (serial code, launches) and one task function per range-for, cut by "
+CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for, cut by "
                   "passes/task_ir.py with CpuTaskABI (targets/cpu.py build_driver)",
                   "Numba typing + lowering of the driver; each task function lowered into its library at its "
-                  "launch site; LLVM optimises and emits the kernel once")
+                  "launch site; LLVM optimises and emits the kernel once (module passes only: KernelLibrary)",
+                  "task typing: each Task given the types its driver or task function was lowered with "
+                  "(passes/task_types.py TaskTyper)")
 
 _threads_ready = False
 _lock = threading.RLock()
@@ -75,14 +78,16 @@ class TaskFunction:
     per task plus again for the linked driver (32 loops: about half the cold compile time).
     """
 
-    def __init__(self, task, func_ir, debug: bool, timed: bool = False):
+    def __init__(self, task, func_ir, debug: bool, timed: bool = False, kernel_label: dict | None = None):
         self.task = task
         self.func_ir = func_ir
+        self.kernel_label = kernel_label or {}   # the task function's labels -> the kernel's
         self.debug = debug
         self.error = None
         # kernel profiler: the launch site's counter, a global of the kernel's library
         self.clock_symbol = f"qd_task_clock_{next(_clock_ids)}_{task.uid}" if timed else None
         self._consumed = False   # func_ir was handed to Numba (which mutates it)
+        self.typed = None        # (blocks, typemap) of its last typing: the Task's types
         self._environments = []  # (env name, Environment) to install once the library is finalised
 
     def lower_into(self, context, argtypes):
@@ -100,6 +105,7 @@ class TaskFunction:
                 self.error = e
                 raise
         self._environments.append((context.get_env_name(cres.fndesc), cres.environment))
+        self.typed = (cres.type_annotation.blocks, cres.type_annotation.typemap)
         return cres.fndesc
 
     def install_environments(self, library) -> None:
@@ -321,7 +327,8 @@ def build_task_function(state, unit, debug: bool) -> tuple[TaskFunction, list[st
     """A TaskFunction for one range-for unit, and the names of the driver variables it takes."""
     cut = cut_task(state, unit, CPU_TASK_ABI)
     timed = state.config.kernel_profiler and CLOCK_MONOTONIC is not None
-    return TaskFunction(unit.task, cut.func_ir, debug, timed), cut.params
+    kernel_label = {label + TASK_LABEL_SHIFT: label for label in unit.labels}
+    return TaskFunction(unit.task, cut.func_ir, debug, timed, kernel_label), cut.params
 
 
 def build_driver(state, debug: bool):
@@ -359,18 +366,35 @@ def _identifier(name: str) -> str:
     return clean if clean and not clean[0].isdigit() else f"k_{clean}"
 
 
-def kernel_compiler(argtypes, debug: bool):
-    """Numba's compiler for the whole kernel with these argument types, for the kernel's one type
-    inference (passes/task_types.py; it runs the compiler's pipeline up to typing)."""
-    return compiler.Compiler(cpu_target.typing_context, cpu_target.target_context, None, tuple(argtypes), None,
-                             compile_flags(debug, entry=True), {})
+def typed_pieces(cres, task_functions) -> list[TypedPiece]:
+    """The typed IR of a compiled driver and its task functions, which together cover the kernel:
+    what the Tasks' types are cut from (passes/task_types.py), with no second type inference."""
+    annotation = cres.type_annotation
+    pieces = [TypedPiece(annotation.blocks, annotation.typemap)]
+    for tf in task_functions:
+        blocks, typemap = tf.typed
+        pieces.append(TypedPiece(blocks, typemap, tf.kernel_label))
+    return pieces
+
+
+class KernelLibrary(JITCodeLibrary):
+    """The code library of one kernel (its driver and every task function). Numba runs function
+    passes on each function as it is added to a library, then the module passes on the whole
+    library; a kernel's library is optimised by the module passes alone, which inline and
+    optimise the same code again (about a sixth of the kernel's LLVM time for 32 loops)."""
+
+    def _optimize_functions(self, ll_module):
+        ll_module.data_layout = self._codegen._data_layout
 
 
 def compile_driver(driver_ir, argtypes, task_functions, debug: bool):
     ensure_threading_layer()
+    context = cpu_target.target_context
+    library = KernelLibrary(context.codegen(), driver_ir.func_id.func_qualname)
+    library.enable_object_caching()     # as Numba's own libraries: the offline cache serialises it
     with _lock:
-        cres = compiler.compile_ir(cpu_target.typing_context, cpu_target.target_context, driver_ir,
-                                   tuple(argtypes), None, compile_flags(debug, entry=True), {})
+        cres = compiler.compile_ir(cpu_target.typing_context, context, driver_ir,
+                                   tuple(argtypes), None, compile_flags(debug, entry=True), {}, library=library)
         for tf in task_functions:
             tf.install_environments(cres.library)
         return cres

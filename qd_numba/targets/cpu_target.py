@@ -33,7 +33,7 @@ from ..frontend.keys import artifact_key
 from ..generated_code import exec_generated
 from ..matrix import matrix_argument
 from ..passes.base import IRTools
-from ..passes.task_types import type_tasks
+from ..passes.task_types import TaskTyper
 from . import cpu
 from .base import KernelBackend, Target
 from .untyped import gc_paused, untyped_compile
@@ -203,12 +203,13 @@ class CpuKernel(KernelBackend):
             cfg, runtime_params = state.config, state.runtime_params
             argtypes = [param_types[n] for n in runtime_params] + [
                 field_type(f, cfg.debug) for f in state.hidden]
-            with profiler.stage("task typing"):
-                type_tasks(state, cpu.kernel_compiler(argtypes, cfg.debug))
+            typer = TaskTyper(state)    # the Tasks' types come from the typing the lowering does
             with profiler.stage("task split"):
                 driver, task_functions = cpu.build_driver(state, cfg.debug)
             with profiler.stage("typing + lowering", llvm=True):
                 cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
+            typer.assign(cpu.typed_pieces(cres, task_functions), cres.signature.return_type,
+                         cres.typing_context)
             if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
                 from .cuda.plan import compile_check
 

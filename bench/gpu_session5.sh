@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/qd_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whlq/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl $(ls .whlq/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import sys, numpy, numba, numba.cuda; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__)"

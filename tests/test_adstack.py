@@ -148,6 +148,8 @@ def test_while_loop_needs_ad_stack_size_then_matches_finite_differences(rng):
     assert "while v < 3.0" in str(info.value)
     assert "kernel 'grow.grad'" in str(info.value)
     qd.init(arch=config.current.arch, ad_stack_size=256)
+    x = qd.field(qd.f64, shape=(N,), needs_grad=True)        # qd.init released the fields: new ones
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
     try:
         _check(grow, [x], [values], loss, reference)
     finally:

@@ -30,14 +30,21 @@ _with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created
 _with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with needs_dual=True
 
 
+def _of_this_runtime(data) -> bool:
+    """Not a field released by a later ``qd.init``/``qd.reset`` (:meth:`Field.claim`)."""
+    runtime = getattr(data, "_runtime", None)
+    return runtime is None or runtime is config.current
+
+
 def gradient_holders() -> list:
-    """The live fields and ndarrays that have a ``.grad`` (``qd.ad.clear_all_gradients``)."""
-    return list(_with_gradients)
+    """The fields (of the runtime in force) and ndarrays that have a ``.grad``
+    (``qd.ad.clear_all_gradients``)."""
+    return [d for d in list(_with_gradients) if _of_this_runtime(d)]
 
 
 def dual_holders() -> list:
-    """The live fields that have a ``.dual`` (``qd.ad.clear_all_duals``)."""
-    return list(_with_duals)
+    """The fields of the runtime in force that have a ``.dual`` (``qd.ad.clear_all_duals``)."""
+    return [d for d in list(_with_duals) if _of_this_runtime(d)]
 
 
 def _gradient_of(data, needs_grad: bool, name, what="grad"):

@@ -46,6 +46,7 @@ from .errors import (
     QuadrantsIndexError,
     QuadrantsNameError,
     QuadrantsRuntimeError,
+    QuadrantsRuntimeTypeError,
     QuadrantsSyntaxError,
     QuadrantsTypeError,
     QuadrantsWarning,
@@ -55,6 +56,11 @@ from .frontend.args import Template, template
 from .frontend.objects import QdFunc, func
 from .kernel import Kernel, kernel
 from .lowering.autodiff import stop_grad
+from .lang import exception as _lang_exception  # noqa: F401  (qd.lang.* modules, Quadrants' layout)
+from .lang import ops as _lang_ops  # noqa: F401
+from .lang import util as _lang_util  # noqa: F401
+from .lang.impl import cfg
+from .lang.misc import dump_compile_config, extension, is_extension_enabled
 from .lang import (
     atomic_add,
     atomic_and,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import numpy as np
 from numba.core import types
 
 from .errors import QuadrantsConfigError
@@ -96,6 +97,11 @@ class Config:
     compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
     cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
     cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
+    check_out_of_bound: bool = False    # Quadrants' bounds-check switch: turns on ``debug`` here
+    advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
+    short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
+    cuda_stack_limit: int = 0           # bytes of CUDA stack per thread (0: the driver's default)
+    quadrants_options: dict = dataclasses.field(default_factory=dict)   # accepted Quadrants options without effect
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
         """This config as one kernel sees it: ``@qd.kernel(fuse=...)`` overrides the global
@@ -105,6 +111,61 @@ class Config:
         if enabled == self.aggressive_kernel_fusion:
             return self
         return dataclasses.replace(self, aggressive_kernel_fusion=enabled)
+
+
+QUADRANTS_IGNORED_OPTIONS = {
+    # Quadrants' qd.init options that have no effect in qd_numba, with Quadrants' default (None:
+    # not known here); docs/configuration.md says why each one does not apply.
+    "opt_level": 1, "raise_on_templated_floats": False, "print_preprocessed_ir": False,
+    "print_ir_dbg_info": False, "print_accessor_ir": False, "print_struct_llvm_ir": False,
+    "print_kernel_llvm_ir": False, "print_kernel_llvm_ir_optimized": False, "print_kernel_asm": False,
+    "print_kernel_amdgcn": False, "debug_dump_path": "", "move_loop_invariant_outside_if": False,
+    "cache_loop_invariant_global_vars": True, "cpu_fixed_block_dim": 32, "default_gpu_block_dim": 128,
+    "saturating_grid_dim": 0, "max_block_dim": 0, "cpu_per_worker_min_block_dim": 512,
+    "demote_dense_struct_fors": True, "timeline": False, "device_memory_GB": 1.0, "device_memory_fraction": 0.0,
+    "fast_math": True, "ad_stack_experimental_enabled": False, "ad_stack_sparse_threshold_bytes": None,
+    "flatten_if": False, "make_thread_local": True, "make_block_local": True, "detect_read_only": True,
+    "real_matrix_scalarize": True, "force_scalarize_matrix": False, "half2_vectorization": False,
+    "cpu_work_scheduling": None, "make_cpu_multithreading_loop": None, "default_cpu_block_dim": None,
+    "quant_opt_store_fusion": True, "quant_opt_atomic_demotion": True, "make_mesh_block_local": True,
+    "mesh_localize_to_end_mapping": True, "mesh_localize_from_end_mapping": False,
+    "optimize_mesh_reordered_mapping": True, "mesh_localize_all_attr_mappings": False,
+    "demote_no_access_mesh_fors": True, "experimental_auto_mesh_local": False,
+    "auto_mesh_local_default_occupacy": 4, "external_metal_command_queue": 0,
+    "external_metal_command_queue_is_torch_queue": False, "gdb_trigger": False, "print_full_traceback": False,
+    "unrolling_limit": 32, "print_non_pure": False, "src_ll_cache": True, "require_version": None,
+}
+OPTION_ALIASES = {"num_compile_threads": "compile_threads"}   # Quadrants' name -> ours
+DEFAULT_FP_TYPES = (types.float16, types.float32, types.float64)   # as Quadrants allows
+DEFAULT_IP_TYPES = (types.int32, types.int64)
+
+
+def checked_default_type(key: str, value) -> types.Type:
+    """``default_fp``/``default_ip`` as the Numba type it names (a qd dtype or a numpy one), or
+    our error naming the option."""
+    allowed = DEFAULT_FP_TYPES if key == "default_fp" else DEFAULT_IP_TYPES
+    if not isinstance(value, types.Type):
+        from numba.np.numpy_support import from_dtype
+
+        try:
+            value = from_dtype(np.dtype(value)) if value not in (int, float, bool) else value
+        except (TypeError, NotImplementedError):
+            pass
+    if value not in allowed:
+        names = ", ".join(f"qd.{'f' if isinstance(t, types.Float) else 'i'}{t.bitwidth}" for t in allowed)
+        raise QuadrantsConfigError(f"qd.init({key}={value!r}): expected one of {names}")
+    return value
+
+
+def _env_default_type(name: str, allowed) -> types.Type | None:
+    """``QD_DEFAULT_FP``/``QD_DEFAULT_IP``: ``32`` or ``64`` (bits), as Quadrants reads them."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    for t in allowed:
+        if str(t.bitwidth) == raw:
+            return t
+    raise QuadrantsConfigError(f"{name}={raw!r}: expected one of {', '.join(str(t.bitwidth) for t in allowed)}")
 
 
 def config_from_env(**overrides) -> Config:
@@ -133,10 +194,23 @@ def config_from_env(**overrides) -> Config:
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
     )
+    cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
+    cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip
     for key, value in overrides.items():
-        if not hasattr(cfg, key):
+        key = OPTION_ALIASES.get(key, key)
+        if key in QUADRANTS_IGNORED_OPTIONS:
+            cfg.quadrants_options[key] = value
+            continue
+        if key == "default_up":
+            raise QuadrantsConfigError("qd.init(default_up=...): 'default_up' is always the unsigned type of "
+                                       "'default_ip'; set 'default_ip' instead")
+        if key == "quadrants_options" or not hasattr(cfg, key):
             raise QuadrantsConfigError(f"qd.init() got an unknown option {key!r}")
+        if key in ("default_fp", "default_ip"):
+            value = checked_default_type(key, value)
         setattr(cfg, key, log_level(value) if key == "log_level" and value is not None else value)
+    cfg.debug = cfg.debug or cfg.check_out_of_bound
+    cfg.cfg_optimization = cfg.cfg_optimization and cfg.advanced_optimization
     if cfg.offline_cache_cleaning_policy not in CLEANING_POLICIES:
         raise QuadrantsConfigError(f"offline_cache_cleaning_policy={cfg.offline_cache_cleaning_policy!r}: "
                                    f"expected one of {', '.join(CLEANING_POLICIES)}")

@@ -10,6 +10,8 @@ import numpy as np
 from numba.core import types
 from numba.np.numpy_support import from_dtype
 
+from . import config
+
 i8, i16, i32, i64 = types.int8, types.int16, types.int32, types.int64
 u8, u16, u32, u64 = types.uint8, types.uint16, types.uint32, types.uint64
 f16, f32, f64 = types.float16, types.float32, types.float64
@@ -23,13 +25,14 @@ SCALAR_TYPES = (i8, i16, i32, i64, u8, u16, u32, u64, f16, f32, f64, u1)
 
 
 def to_numba(dtype) -> types.Type:
-    """The Numba scalar type for a qd dtype, numpy dtype, or Python ``int``/``float``/``bool``."""
+    """The Numba scalar type for a qd dtype, numpy dtype, or Python ``int``/``float``/``bool``;
+    ``int`` and ``float`` are ``qd.init(default_ip=/default_fp=)`` in force at the call."""
     if isinstance(dtype, types.Type):
         return dtype
     if dtype is int:
-        return i32
+        return config.current.default_ip
     if dtype is float:
-        return f32
+        return config.current.default_fp
     if dtype is bool:
         return u1
     try:

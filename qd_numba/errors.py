@@ -42,8 +42,26 @@ class QuadrantsIndexError(QuadrantsCompilationError, IndexError):
     """Indexing a field or ndarray with the wrong number of indices."""
 
 
-class QuadrantsAssertionError(QuadrantsError, AssertionError):
-    """A failed ``assert`` in a kernel compiled with ``debug=True``.
+class QuadrantsRuntimeError(QuadrantsError, RuntimeError):
+    """An error while a kernel runs (out-of-bounds access in debug mode, no device, ...)."""
+
+
+class QuadrantsRuntimeTypeError(QuadrantsRuntimeError, TypeError):
+    """A value that cannot be converted to the type a kernel argument or return value needs
+    (Quadrants' name; :meth:`get` and :meth:`get_ret` build its two messages)."""
+
+    @staticmethod
+    def get(pos, needed, provided) -> QuadrantsRuntimeTypeError:
+        return QuadrantsRuntimeTypeError(f"Argument {pos} (type={provided}) cannot be converted into required "
+                                         f"type {needed}")
+
+    @staticmethod
+    def get_ret(needed, provided) -> QuadrantsRuntimeTypeError:
+        return QuadrantsRuntimeTypeError(f"Return (type={provided}) cannot be converted into required type {needed}")
+
+
+class QuadrantsAssertionError(QuadrantsRuntimeError, AssertionError):
+    """A failed ``assert`` in a kernel compiled with ``debug=True`` (a runtime error, as in Quadrants).
 
     Raised from compiled code as ``(template, *values)`` when the assert's f-string message
     has values known only at run time; the message is ``template.format(*values)``."""
@@ -52,10 +70,6 @@ class QuadrantsAssertionError(QuadrantsError, AssertionError):
         if len(self.args) > 1 and isinstance(self.args[0], str):
             return self.args[0].format(*self.args[1:])
         return super().__str__()
-
-
-class QuadrantsRuntimeError(QuadrantsError, RuntimeError):
-    """An error while a kernel runs (out-of-bounds access in debug mode, no device, ...)."""
 
 
 class QuadrantsConfigError(QuadrantsError, TypeError, ValueError):

@@ -6,6 +6,13 @@ Python objects: the compiler turns a field reference into a hidden kernel argume
 launcher passes the buffer itself, so compiled code always reads and writes the live data.
 A field's buffer never moves after creation, which is what lets a compiled kernel keep its
 hidden arguments without re-checking them on every call.
+
+A field belongs to the runtime (the ``qd.init``) under which it is first used — read, written or
+bound to a compiled kernel (:meth:`Field.claim`); a field declared before that ``qd.init``
+(at module level, say) and not used yet moves to the new arch. After a later ``qd.init`` or
+``qd.reset`` its data is gone, as in Quadrants: using it again is a ``QuadrantsRuntimeError``
+naming the field. Kernels are recompiled after each ``qd.init``, so the check runs when they bind
+their fields, never on the launch path.
 """
 
 from __future__ import annotations
@@ -16,21 +23,28 @@ import weakref
 import numpy as np
 
 from . import config, dtypes
-from .errors import QuadrantsIndexError, QuadrantsTypeError
+from .errors import QuadrantsIndexError, QuadrantsRuntimeError, QuadrantsTypeError
 
 _field_ids = itertools.count()
 _with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created with needs_grad=True
 _with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with needs_dual=True
 
 
+def _of_this_runtime(data) -> bool:
+    """Not a field released by a later ``qd.init``/``qd.reset`` (:meth:`Field.claim`)."""
+    runtime = getattr(data, "_runtime", None)
+    return runtime is None or runtime is config.current
+
+
 def gradient_holders() -> list:
-    """The live fields and ndarrays that have a ``.grad`` (``qd.ad.clear_all_gradients``)."""
-    return list(_with_gradients)
+    """The fields (of the runtime in force) and ndarrays that have a ``.grad``
+    (``qd.ad.clear_all_gradients``)."""
+    return [d for d in list(_with_gradients) if _of_this_runtime(d)]
 
 
 def dual_holders() -> list:
-    """The live fields that have a ``.dual`` (``qd.ad.clear_all_duals``)."""
-    return list(_with_duals)
+    """The fields of the runtime in force that have a ``.dual`` (``qd.ad.clear_all_duals``)."""
+    return [d for d in list(_with_duals) if _of_this_runtime(d)]
 
 
 def _gradient_of(data, needs_grad: bool, name, what="grad"):
@@ -112,6 +126,7 @@ class ArrayData:
         return self._dev[idx[:-1] + (slice(last, last + 1),)]
 
     def __getitem__(self, key):
+        self.claim()
         idx = self._index(key)
         if self._dev is not None:
             value = self._dev_element(idx).copy_to_host().reshape(self.element_shape)
@@ -120,6 +135,7 @@ class ArrayData:
         return value.copy() if self.element_shape else value.item()
 
     def __setitem__(self, key, value):
+        self.claim()
         idx = self._index(key)
         if self._dev is not None:
             view = self._dev_element(idx)
@@ -128,11 +144,13 @@ class ArrayData:
         self._arr[idx] = value
 
     def to_numpy(self, dtype=None) -> np.ndarray:
+        self.claim()
         # numba-cuda stores 0-d arrays with shape (1,): give the field's own shape back
         out = self._dev.copy_to_host().reshape(self._arr.shape) if self._dev is not None else self._arr.copy()
         return out if dtype is None else out.astype(dtype)
 
     def from_numpy(self, array) -> None:
+        self.claim()
         array = np.asarray(array)
         if array.shape != self._arr.shape:
             raise QuadrantsTypeError(
@@ -147,6 +165,7 @@ class ArrayData:
         self.from_numpy(other.to_numpy())
 
     def fill(self, value) -> None:
+        self.claim()
         if self._dev is not None:
             self._dev.copy_to_device(np.full(self._dev.shape, value, dtype=self._arr.dtype))
             return
@@ -157,6 +176,7 @@ class ArrayData:
         CUDA arch, a CPU tensor on the CPU. Writes through it are writes to the data."""
         import torch
 
+        self.claim()
         if self._dev is not None:
             return torch.as_tensor(self._dev, device=device or "cuda")
         return torch.from_numpy(self._arr) if device in (None, "cpu") else torch.from_numpy(self._arr).to(device)
@@ -165,9 +185,14 @@ class ArrayData:
         """A cupy array sharing this field's/ndarray's device memory (CUDA arch only; no copy)."""
         import cupy
 
+        self.claim()
         if self._dev is None:
             raise QuadrantsTypeError(f"to_cupy: {self._describe()} is in host memory (use qd.init(arch=qd.cuda))")
         return cupy.asarray(self._dev)
+
+    def claim(self) -> None:
+        """Before any use: fields check that they belong to the runtime in force (:class:`Field`);
+        a qd.ndarray is an argument, valid under any runtime."""
 
     @property
     def ndim(self) -> int:
@@ -188,12 +213,32 @@ class Field(ArrayData):
     def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False):
         super().__init__(dtype, shape, elem_type, name)
         self.uid = next(_field_ids)
+        self._runtime = None    # the config of the qd.init it was first used under (each init makes a new one)
         self.grad = _gradient_of(self, needs_grad, name)
         self.dual = _gradient_of(self, needs_dual, name, "dual")    # forward mode (qd.ad.FwdMode)
 
     def __deepcopy__(self, memo):
         # IR copies hold fields in ir.Global values; the data must never be cloned.
         return self
+
+    def claim(self) -> None:
+        """Check that this field belongs to the runtime in force: the first use adopts it (moving
+        an unused field declared under an earlier ``qd.init`` to the current arch); a use after a
+        later ``qd.init``/``qd.reset`` is a ``QuadrantsRuntimeError`` naming the field."""
+        runtime = config.current
+        if self._runtime is runtime:
+            return
+        if self._runtime is not None:
+            raise QuadrantsRuntimeError(
+                f"{f'field {self.name!r}' if self.name else 'a field'} ({self.dtype}, shape {self.shape}) belongs to "
+                "an earlier qd.init(): a later "
+                "qd.init() or qd.reset() released it; create the field again after qd.init()")
+        self._runtime = runtime
+        if self._dev is not None and runtime.arch != "cuda":
+            self._dev = None    # declared on the GPU, never used: its (zero) data is the host buffer's
+        from .targets.base import target_for
+
+        target_for(runtime.arch).place(self)
 
     @property
     def snode(self):

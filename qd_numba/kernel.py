@@ -48,6 +48,11 @@ def forget_compiled() -> None:
 runtime.on_init(forget_compiled)
 
 
+def compiled_count() -> int:
+    """Compiled kernel instances held now, on the current arch (``qd.init`` drops them all)."""
+    return sum(k._backend.compiled_count() for k in list(_KERNELS) if k._backend is not None)
+
+
 class Kernel(KernelObject):
     def __init__(self, fn, *, graph: bool = False, fuse=None):
         self.fn = fn
@@ -68,10 +73,10 @@ class Kernel(KernelObject):
                     "(a scalar dtype, qd.types.vector/matrix(...), qd.types.ndarray(...), or qd.template())"
                     + (f", got {annotation!r}" if annotation is not inspect.Parameter.empty else ""))
             self.params.append(Param(p.name, annotation, kind))
-        self.return_type = None
+        self._returns = None
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is not inspect.Signature.empty and returns is not None:
-            self.return_type = dtypes.to_numba(returns)
+            self._returns = returns if returns in (int, float) else dtypes.to_numba(returns)
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None
@@ -86,6 +91,12 @@ class Kernel(KernelObject):
         _KERNELS.add(self)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+
+    @property
+    def return_type(self):
+        """The Numba type of the return value (None: returns nothing); ``-> int``/``-> float``
+        follow ``qd.init(default_ip=/default_fp=)`` as set when the kernel compiles."""
+        return None if self._returns is None else dtypes.to_numba(self._returns)
 
     # -- the call path ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

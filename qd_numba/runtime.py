@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import platform
+import warnings
 
 import numba
 
 from . import config, profiler, random_state
-from .errors import QuadrantsRuntimeError
+from .errors import QuadrantsRuntimeError, QuadrantsWarning
 from .targets.base import target_for
 
 cpu = "cpu"
@@ -55,9 +56,14 @@ def on_init(callback) -> None:
     _on_init.append(callback)
 
 
-def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=None, random_seed=None,
-         cpu_max_num_threads=None, **options) -> None:
-    """Configure qd_numba; options override the ``QD_*`` environment variables (docs/configuration.md)."""
+def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_fallback=None, *, debug=None,
+         print_ir=None, random_seed=None, cpu_max_num_threads=None, **options) -> None:
+    """Configure qd_numba; options override the ``QD_*`` environment variables (docs/configuration.md).
+
+    Every option Quadrants documents is accepted; those without effect here are kept for
+    ``qd.cfg`` and documented as ignored. ``enable_fallback``: with ``arch=qd.gpu`` (unset, or
+    True) and no usable GPU, run on the CPU with a warning; True also lets ``qd.cuda`` fall back;
+    False makes ``qd.gpu`` an error too."""
     overrides = {k: v for k, v in dict(debug=debug, print_ir=print_ir, default_fp=default_fp,
                                        default_ip=default_ip, random_seed=random_seed,
                                        cpu_max_num_threads=cpu_max_num_threads).items() if v is not None}
@@ -75,18 +81,52 @@ def init(arch=None, *, debug=None, print_ir=None, default_fp=None, default_ip=No
     if arch not in _ARCHES:
         raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
     if arch in (cuda, gpu):
-        target_for(cuda).open()   # the device and its context now: a missing GPU is an error of qd.init
-        arch = cuda
+        arch = _open_gpu(arch, enable_fallback)
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
-    config.current = config.config_from_env(arch=arch, **overrides, **options)
+    new_config = config.config_from_env(arch=arch, **overrides, **options)
+    if new_config.cuda_stack_limit and arch == cuda:
+        target_for(cuda).set_stack_limit(new_config.cuda_stack_limit)
+    _install(new_config)
+
+
+def _install(new_config: config.Config) -> None:
+    """Make ``new_config`` the configuration in force: a new runtime (fields of the old one are
+    released, compiled kernels dropped, ``qd.random`` restarted)."""
+    config.current = new_config
     for callback in _on_init:
         callback()
     profiler.apply_log_level(config.current.log_level)
     profiler.kernel_profiler.clear()   # records of the dropped kernels
     _apply_thread_limit(config.current.cpu_max_num_threads)
     random_state.reset()
+
+
+def _open_gpu(arch: str, enable_fallback: bool | None) -> str:
+    """``cuda``, its device and context opened now (a missing GPU is an error of ``qd.init``), or
+    ``cpu`` where ``enable_fallback`` allows it, with a warning."""
+    try:
+        target_for(cuda).open()
+        return cuda
+    except QuadrantsRuntimeError as e:
+        if not (enable_fallback if enable_fallback is not None else arch == gpu):
+            raise
+        warnings.warn(f"qd.init(arch=qd.{arch}): no usable GPU, falling back to qd.cpu ({e})", QuadrantsWarning,
+                      stacklevel=3)
+        return cpu
+
+
+def set_default_types(default_fp=None, default_ip=None) -> None:
+    """Change ``default_fp``/``default_ip`` of the configuration in force (Quadrants'
+    ``get_runtime().set_default_fp/ip``): kernels recompile; fields stay valid."""
+    cfg = config.current
+    if default_fp is not None:
+        cfg.default_fp = config.checked_default_type("default_fp", default_fp)
+    if default_ip is not None:
+        cfg.default_ip = config.checked_default_type("default_ip", default_ip)
+    for callback in _on_init:
+        callback()
 
 
 _thread_limit = 0   # the cpu_max_num_threads in force (0: none, all of Numba's threads)
@@ -108,5 +148,6 @@ def sync() -> None:
 
 
 def reset() -> None:
-    config.current = config.config_from_env()
-    profiler.apply_log_level(config.current.log_level)
+    """Back to the configuration of a program that never called ``qd.init`` (the CPU): fields
+    created before are released and kernels recompile, as after ``qd.init``."""
+    _install(config.config_from_env())

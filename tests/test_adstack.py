@@ -121,16 +121,21 @@ def test_branch_flags_break_and_continue(rng):
 
 
 def test_while_loop_needs_ad_stack_size_then_matches_finite_differences(rng):
-    x = qd.field(qd.f64, shape=(N,), needs_grad=True)
-    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+    def make_grow():    # fields and kernel, made again after the qd.init below (which releases fields)
+        x = qd.field(qd.f64, shape=(N,), needs_grad=True)
+        loss = qd.field(qd.f64, shape=(), needs_grad=True)
 
-    @qd.kernel
-    def grow():
-        for i in x:
-            v = x[i]
-            while v < 3.0:                  # a data-dependent trip count
-                v = v * 1.3 + 0.2
-            loss[None] += v * v
+        @qd.kernel
+        def grow():
+            for i in x:
+                v = x[i]
+                while v < 3.0:                  # a data-dependent trip count
+                    v = v * 1.3 + 0.2
+                loss[None] += v * v
+
+        return x, loss, grow
+
+    x, loss, grow = make_grow()
 
     def reference(xs):
         total = 0.0
@@ -148,6 +153,7 @@ def test_while_loop_needs_ad_stack_size_then_matches_finite_differences(rng):
     assert "while v < 3.0" in str(info.value)
     assert "kernel 'grow.grad'" in str(info.value)
     qd.init(arch=config.current.arch, ad_stack_size=256)
+    x, loss, grow = make_grow()
     try:
         _check(grow, [x], [values], loss, reference)
     finally:
@@ -166,8 +172,8 @@ def test_overflow_raises_naming_kernel_task_and_cause(rng):
                 v = qd.sin(v) + 0.5
             loss[None] += v
 
+    qd.init(arch=config.current.arch, ad_stack_size=64)     # before the fields' first use (it releases them)
     x.from_numpy(rng.uniform(-1, 1, N))
-    qd.init(arch=config.current.arch, ad_stack_size=64)
     try:
         chain(40)
         with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow") as info:

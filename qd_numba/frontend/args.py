@@ -41,8 +41,15 @@ class NdarraySpec:
 
     def __init__(self, dtype=None, ndim=None):
         self.elem_type = dtype if hasattr(dtype, "ndim") and hasattr(dtype, "n") else None
-        self.dtype = None if dtype is None else (self.elem_type.dtype if self.elem_type else dtypes.to_numba(dtype))
+        self._dtype = None if dtype is None else (self.elem_type.dtype if self.elem_type else
+                                                  dtype if dtype in (int, float) else dtypes.to_numba(dtype))
         self.ndim = ndim
+
+    @property
+    def dtype(self):
+        """The element dtype; ``int``/``float`` follow ``qd.init(default_ip=/default_fp=)`` as set
+        when the kernel compiles (as scalar parameters do)."""
+        return None if self._dtype is None else dtypes.to_numba(self._dtype)
 
     def __repr__(self):
         return f"qd.types.ndarray(dtype={self.elem_type or self.dtype}, ndim={self.ndim})"

@@ -14,7 +14,7 @@ when the kernel calls ``qd.random``:
 
 So a number depends only on (seed, launch, stream, index, counter): never on threads,
 chunking or the backend (lowering/random.py). Calls the kernel IR does not contain (inside a
-``@numba.njit`` callee) are left alone and fail to type with an error saying so (lang.py).
+``@numba.njit`` callee) are left alone and fail to type with an error saying so (lang/__init__.py).
 Never touches control flow.
 """
 

@@ -40,6 +40,10 @@ class KernelBackend:
         """The Tasks of the instance these bound arguments select (compiling it if needed)."""
         raise NotImplementedError
 
+    def compiled_count(self) -> int:
+        """How many compiled instances of the kernel this backend holds."""
+        raise NotImplementedError
+
     def tasks_and_fields(self, args):
         """The Tasks of the instance these arguments select (with their accesses) and its fields
         in hidden-argument order (``qd.ad.Tape(validation=True)`` reads which fields a call

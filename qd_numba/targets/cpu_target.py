@@ -45,6 +45,8 @@ class Instance:
     __slots__ = ("entry", "fields", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
 
     def __init__(self, entry, fields, tasks, cres, task_functions, state, artifact_key):
+        for f in fields:
+            f.claim()                                  # a field of an earlier qd.init is our error (field.py)
         self.fields = list(fields)                     # in hidden-argument order
         self.hidden = tuple(f._arr for f in fields)    # their buffers, as the entry point takes them
         self.entry, self.tasks = entry, tasks
@@ -237,6 +239,9 @@ class CpuKernel(KernelBackend):
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, args):
         return list(self._instance(self.host_args(args)).tasks)
+
+    def compiled_count(self) -> int:
+        return len(self.instances)
 
     def tasks_and_fields(self, args):
         instance = self._instance(self.host_args(args))

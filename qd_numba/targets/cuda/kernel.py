@@ -47,6 +47,9 @@ class CudaTarget(Target):
                                         "`pip install qd_numba[cuda]`); use qd.cpu")
         CudaRuntime.get()
 
+    def set_stack_limit(self, size: int) -> None:
+        CudaRuntime.get().set_stack_limit(size)
+
 
 class CudaKernel(KernelBackend):
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
@@ -78,6 +81,9 @@ class CudaKernel(KernelBackend):
 
     def tasks(self, args) -> list:
         return list(self.plan_for(args).tasks)
+
+    def compiled_count(self) -> int:
+        return len(self.plans)
 
     def tasks_and_fields(self, args):
         plan = self.plan_for(args)

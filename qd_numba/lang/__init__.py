@@ -5,6 +5,13 @@ Inside kernels most of these are compile-time markers: the passes recognise the 
 defined here (by identity) and rewrite them — ``qd.static`` is folded, ``ndrange``/``grouped``
 become iteration spaces, ``atomic_*`` become atomic read-modify-writes. Their Python
 bodies give the same meaning in Python scope, where that makes sense.
+
+The package mirrors the layout of Quadrants' ``quadrants.lang`` for code that imports from it
+(``qd.lang.impl.get_runtime()``, ``from qd_numba.lang.exception import ...``): ``impl`` (the
+runtime and its configuration), ``exception`` (error classes), ``misc`` (arches, extensions,
+``init``), ``util`` (dtype helpers), ``ops`` (operations). Those modules sit above the runtime
+and are imported by ``qd_numba/__init__.py``; this one sits below the passes, which import it,
+so it imports none of them.
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from . import config, dtypes, random_state
-from .errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
+from .. import config, dtypes, random_state
+from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 
 
 def ndrange(*dims):
@@ -27,7 +34,7 @@ def ndrange(*dims):
 
 def grouped(iterable):
     """In a kernel: iterate with one vector index ``I`` instead of separate indices."""
-    from .field import ArrayData
+    from ..field import ArrayData
 
     if isinstance(iterable, ArrayData):
         return ndrange(*iterable.shape)
@@ -103,3 +110,15 @@ def _random_outside_kernel(dtype=None):
 
 overload(random, target="cpu")(_random_outside_kernel)
 overload(random, target="cuda")(_random_outside_kernel)
+
+
+def __getattr__(name):
+    """Quadrants' ``quadrants.lang`` also re-exports the language's public names (``field``,
+    ``kernel``, ``Matrix``, ``init``, ...): here they are ``qd_numba``'s own, looked up when asked
+    for (this module cannot import them: it sits below the passes)."""
+    import qd_numba
+
+    value = getattr(qd_numba, name, None) if not name.startswith("_") else None
+    if value is None or isinstance(value, type(itertools)):
+        raise AttributeError(f"module 'qd_numba.lang' has no attribute {name!r}")
+    return value

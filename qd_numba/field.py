@@ -31,9 +31,13 @@ _with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with nee
 
 
 def _of_this_runtime(data) -> bool:
-    """Not a field released by a later ``qd.init``/``qd.reset`` (:meth:`Field.claim`)."""
-    runtime = getattr(data, "_runtime", None)
-    return runtime is None or runtime is config.current
+    """Neither the field nor its ``.grad``/``.dual`` was released by a later ``qd.init``/``qd.reset``
+    (:meth:`Field.claim`)."""
+    for part in (data, getattr(data, "grad", None), getattr(data, "dual", None)):
+        runtime = getattr(part, "_runtime", None)
+        if runtime is not None and runtime is not config.current:
+            return False
+    return True
 
 
 def gradient_holders() -> list:

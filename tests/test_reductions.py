@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import qd_numba as qd
+from qd_numba import config as qd_config
 from qd_numba.dtypes import to_numpy
 from qd_numba.targets.cuda.compile import numba_cuda_importable
 
@@ -56,9 +57,13 @@ _KERNELS = {}
 
 
 def _kernels(dtype):
-    if dtype not in _KERNELS:
-        _KERNELS[dtype] = _uniform_kernels(dtype)
-    return _KERNELS[dtype]
+    """The uniform-address kernels of ``dtype`` and their fields, made once per qd.init (a field
+    belongs to the qd.init it was first used under)."""
+    runtime, kernels = _KERNELS.get(dtype, (None, None))
+    if runtime is not qd_config.current:
+        kernels = _uniform_kernels(dtype)
+        _KERNELS[dtype] = (qd_config.current, kernels)
+    return kernels
 
 
 def _run_uniform(rng, dtype, n):
@@ -224,7 +229,7 @@ def test_knob_off_gives_the_same_results(rng):
         qd.init(warp_reduce=warp_reduce)
         try:
             for dtype in (qd.f64, qd.i32):
-                accumulate, total, hist, lo, hi = _kernels(dtype)
+                accumulate, total, hist, lo, hi = _uniform_kernels(dtype)
                 a = _data(np.random.default_rng(7), dtype, 2049)
                 total[None], lo[None], hi[None] = 1, 0, 0
                 hist.fill(0)
@@ -349,25 +354,30 @@ def test_vector_kernel_scope_local_is_a_clear_error():
         vector_local(np.ones(8))
 
 
-fused_out = qd.field(qd.f64, shape=(5000,))
-fused_total = qd.field(qd.f64, shape=())
+def _fused_kernel():
+    """A kernel of two fusable loops, a kernel-scope reduction and a field reduction, with fields
+    of the qd.init in force."""
+    fused_out = qd.field(qd.f64, shape=(5000,))
+    fused_total = qd.field(qd.f64, shape=())
 
+    @qd.kernel(fuse=True)
+    def fused_loops(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
+        s = 0.0
+        for i in range(a.shape[0]):
+            fused_out[i] = a[i] * 2.0
+        for i in range(a.shape[0]):
+            s += a[i]
+            fused_total[None] += fused_out[i]
+        return s
 
-@qd.kernel(fuse=True)
-def fused_loops(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
-    s = 0.0
-    for i in range(a.shape[0]):
-        fused_out[i] = a[i] * 2.0
-    for i in range(a.shape[0]):
-        s += a[i]
-        fused_total[None] += fused_out[i]
-    return s
+    return fused_loops, fused_total
 
 
 def test_reductions_in_fused_loops_and_debug_mode(rng):
     for debug in (False, True):
         qd.init(debug=debug)
         try:
+            fused_loops, fused_total = _fused_kernel()
             a = rng.uniform(-1, 1, 5000)
             fused_total[None] = 0.0
             assert np.isclose(fused_loops(a), a.sum(), rtol=1e-12, atol=1e-10)

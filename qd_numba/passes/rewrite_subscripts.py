@@ -30,6 +30,7 @@ import dataclasses
 import operator
 from collections.abc import Callable
 
+from ..errors import QuadrantsTypeError
 from ..lang import ATOMIC_FUNCTIONS as _BASIC_ATOMICS
 from ..lowering import subscripts as impl
 from ..ops.atomics import ARITY as _ATOMIC_ARITY
@@ -165,7 +166,7 @@ def _atomic_call(state, stmt):
     op = ATOMIC_FUNCTIONS[fn]
     arity = _ATOMIC_ARITY.get(op, 2)
     if len(expr.args) != arity or expr.kws:
-        raise state.error(TypeError, f"qd.{fn.__name__}() takes {arity} arguments", stmt.loc)
+        raise state.error(QuadrantsTypeError, f"qd.{fn.__name__}() takes {arity} arguments", stmt.loc)
     dest, *values = expr.args
     # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
     # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.

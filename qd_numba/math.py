@@ -26,7 +26,7 @@ from numba.core import errors, types
 from numba.core.imputils import lower_builtin
 from numba.core.typing.templates import AbstractTemplate, infer_global, signature
 
-from .dtypes import f32, i32, to_numba, to_numpy
+from .dtypes import f32, i32, to_numba, to_numpy, u32
 from .errors import QuadrantsTypeError
 from .lowering.matrix import cast_all, elements, pack
 from .matrix import Matrix, _nb_type, _wrap, matrix, vector
@@ -312,10 +312,46 @@ def _lower_frexp(context, builder, sig, args):
 
 vec2, vec3, vec4 = vector(2, f32), vector(3, f32), vector(4, f32)
 ivec2, ivec3, ivec4 = vector(2, i32), vector(3, i32), vector(4, i32)
+uvec2, uvec3, uvec4 = vector(2, u32), vector(3, u32), vector(4, u32)
 mat2, mat3, mat4 = matrix(2, 2, f32), matrix(3, 3, f32), matrix(4, 4, f32)
+
+# compositions of the functions above (GLSL helpers, transforms): ops/math_funcs.py
+from .ops.math_funcs import (  # noqa: E402  (they call the functions defined above)
+    cross,
+    degrees,
+    determinant,
+    distance,
+    dot,
+    e,
+    eye,
+    inf,
+    inverse,
+    length,
+    mix,
+    mod,
+    nan,
+    normalize,
+    pi,
+    radians,
+    reflect,
+    refract,
+    rot_by_axis,
+    rot_yaw_pitch_roll,
+    rotation2d,
+    rotation3d,
+    scale,
+    smoothstep,
+    translate,
+    vdir,
+)
 
 __all__ = [
     "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "exp", "log", "sqrt", "rsqrt", "abs", "floor",
     "ceil", "round", "tanh", "pow", "min", "max", "clamp", "cast",
-    "vec2", "vec3", "vec4", "ivec2", "ivec3", "ivec4", "mat2", "mat3", "mat4",
+    "vec2", "vec3", "vec4", "ivec2", "ivec3", "ivec4", "uvec2", "uvec3", "uvec4", "mat2", "mat3", "mat4",
+    "select", "log2", "fract", "sign", "step", "isnan", "isinf", "clz", "popcnt", "ffs", "raw_div", "raw_mod",
+    "bit_shr", "bit_cast", "frexp",
+    "cross", "degrees", "determinant", "distance", "dot", "e", "eye", "inf", "inverse", "length", "mix", "mod",
+    "nan", "normalize", "pi", "radians", "reflect", "refract", "rot_by_axis", "rot_yaw_pitch_roll", "rotation2d",
+    "rotation3d", "scale", "smoothstep", "translate", "vdir",
 ]

@@ -259,3 +259,263 @@ def test_op_errors_are_ours():
         cast_width()
     with pytest.raises(QuadrantsTypeError, match=r"qd.clz takes integers"):
         qd.math.clz(1.5)
+
+
+# -- qd.math ----------------------------------------------------------------------------------------
+
+@qd.kernel
+def glsl(x: qd.types.ndarray(dtype=qd.f64, ndim=2), out: qd.types.ndarray(dtype=qd.f64, ndim=2)):
+    for i in range(x.shape[0]):
+        v = qd.Vector([x[i, 0], x[i, 1], x[i, 2]], dt=qd.f64)
+        n = qd.math.normalize(qd.Vector([x[i, 3], x[i, 4], x[i, 5]], dt=qd.f64))
+        r = qd.math.reflect(v, n)
+        f = qd.math.refract(qd.math.normalize(v), n, 0.8)
+        m = qd.math.mix(v, n, x[i, 6])
+        out[i, 0], out[i, 1], out[i, 2] = r[0], r[1], r[2]
+        out[i, 3], out[i, 4], out[i, 5] = f[0], f[1], f[2]
+        out[i, 6], out[i, 7], out[i, 8] = m[0], m[1], m[2]
+        out[i, 9] = qd.math.smoothstep(-1.0, 1.0, x[i, 0])
+        out[i, 10] = qd.math.mod(x[i, 0], x[i, 1])
+        out[i, 11] = qd.math.distance(v, n) + 10 * qd.math.length(v)
+        out[i, 12] = qd.math.dot(v, n)
+        c = qd.math.cross(v, n)
+        out[i, 13] = c[2]
+        out[i, 14] = qd.math.degrees(x[i, 0]) + qd.math.radians(x[i, 1])
+        M = qd.Matrix([[x[i, 0], x[i, 1], 0.5], [x[i, 2], 2.0, x[i, 3]], [0.1, x[i, 4], 3.0]], dt=qd.f64)
+        out[i, 15] = qd.math.determinant(M)
+        out[i, 16] = qd.math.inverse(M)[1, 2]
+
+
+def _np_refract(x, n, eta):
+    d = x @ n
+    k = 1 - eta * eta * (1 - d * d)
+    return np.where(k >= 0, eta * x - (eta * d + np.sqrt(np.maximum(k, 0))) * n, 0 * x)
+
+
+def test_glsl_functions(rng):
+    x = rng.normal(size=(100, 7))
+    out = np.zeros((100, 17))
+    glsl(x, out)
+    v, n, a = x[:, :3], x[:, 3:6], x[:, 6:7]
+    n = n / np.linalg.norm(n, axis=1, keepdims=True)
+    d = np.sum(v * n, axis=1, keepdims=True)
+    np.testing.assert_allclose(out[:, 0:3], v - 2 * d * n, rtol=1e-12, atol=1e-12)
+    vn = v / np.linalg.norm(v, axis=1, keepdims=True)
+    np.testing.assert_allclose(out[:, 3:6], np.stack([_np_refract(vn[i], n[i], 0.8) for i in range(100)]),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[:, 6:9], v * (1 - a) + n * a, rtol=1e-12, atol=1e-12)
+    t = np.clip((x[:, 0] + 1) / 2, 0, 1)
+    np.testing.assert_allclose(out[:, 9], t * t * (3 - 2 * t), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(out[:, 10], x[:, 0] - x[:, 1] * np.floor(x[:, 0] / x[:, 1]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[:, 11], np.linalg.norm(v - n, axis=1) + 10 * np.linalg.norm(v, axis=1), rtol=1e-12)
+    np.testing.assert_allclose(out[:, 12], d[:, 0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[:, 13], np.cross(v, n)[:, 2], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[:, 14], np.degrees(x[:, 0]) + np.radians(x[:, 1]), rtol=1e-12)
+    M = np.stack([np.array([[r[0], r[1], 0.5], [r[2], 2.0, r[3]], [0.1, r[4], 3.0]]) for r in x])
+    np.testing.assert_allclose(out[:, 15], np.linalg.det(M), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out[:, 16], np.linalg.inv(M)[:, 1, 2], rtol=1e-8, atol=1e-10)
+
+
+transforms = qd.Matrix.field(4, 4, qd.f32, shape=16)
+small = qd.Matrix.field(2, 2, qd.f32, shape=16)
+
+
+@qd.kernel
+def build_transforms(p: qd.types.ndarray(dtype=qd.f32, ndim=2)):
+    for i in range(16):
+        axis = qd.Vector([p[i, 0], p[i, 1], p[i, 2]])
+        transforms[i] = (qd.math.translate(p[i, 3], p[i, 4], p[i, 5]) @ qd.math.scale(p[i, 0], p[i, 1], p[i, 2])
+                         @ qd.math.rot_by_axis(axis, p[i, 3]) @ qd.math.rotation3d(p[i, 3], p[i, 4], p[i, 5]))
+        small[i] = qd.math.rotation2d(p[i, 0]) + qd.math.eye(2) * qd.math.vdir(p[i, 1])[1]
+
+
+def _np_rot_axis(axis, ang):
+    a = axis / np.linalg.norm(axis)
+    K = np.array([[0, -a[2], a[1]], [a[2], 0, -a[0]], [-a[1], a[0], 0]])
+    R = np.eye(4)
+    R[:3, :3] = np.eye(3) + np.sin(ang) * K + (1 - np.cos(ang)) * K @ K
+    return R
+
+
+def _np_ypr(yaw, pitch, roll):
+    def rot(axis, t):
+        c, s = np.cos(t), np.sin(t)
+        R = np.eye(4)
+        i, j = [(1, 2), (2, 0), (0, 1)][axis]
+        R[i, i], R[i, j], R[j, i], R[j, j] = c, -s, s, c
+        return R
+    return rot(1, yaw) @ rot(0, pitch) @ rot(2, roll)   # yaw about Y, pitch about X, roll about Z
+
+
+def test_transforms(rng):
+    p = rng.uniform(-1.5, 1.5, (16, 6)).astype(np.float32)
+    build_transforms(p)
+    for i in range(16):
+        a, t = p[i].astype(np.float64), np.eye(4)
+        t[:3, 3] = a[3:6]
+        ref = t @ np.diag([*a[:3], 1.0]) @ _np_rot_axis(a[:3], a[3]).T @ _np_ypr(a[5], a[3], a[4]).T
+        np.testing.assert_allclose(transforms.to_numpy()[i], ref, rtol=2e-5, atol=2e-5)
+        c, s = np.cos(a[0]), np.sin(a[0])
+        np.testing.assert_allclose(small.to_numpy()[i], [[c, -s], [s, c]] + np.eye(2) * np.sin(a[1]), atol=2e-6)
+
+
+def test_math_namespace_matches_quadrants():
+    names = ["acos", "asin", "atan2", "ceil", "clamp", "clz", "cos", "cross", "degrees", "determinant", "distance",
+             "dot", "e", "exp", "eye", "ffs", "floor", "fract", "inf", "inverse", "isinf", "isnan", "ivec2",
+             "ivec3", "ivec4", "length", "log", "log2", "mat2", "mat3", "mat4", "max", "min", "mix", "mod",
+             "translate", "scale", "nan", "normalize", "pi", "pow", "popcnt", "radians", "reflect", "refract",
+             "rot_by_axis", "rot_yaw_pitch_roll", "rotation2d", "rotation3d", "round", "sign", "sin",
+             "smoothstep", "sqrt", "step", "tan", "tanh", "uvec2", "uvec3", "uvec4", "vdir", "vec2", "vec3", "vec4"]
+    missing = [n for n in names if not hasattr(qd.math, n)]
+    assert missing == []   # everything of Quadrants' qd.math but fns (docs/quadrants_compat.md)
+    assert qd.math.pi == np.pi and qd.math.isinf(qd.math.inf) == 1 and qd.math.isnan(qd.math.nan) == 1
+    assert qd.math.uvec3 == qd.types.vector(3, qd.u32)
+
+
+def test_math_functions_in_python_scope(rng):
+    v = qd.Vector(rng.normal(size=3).tolist(), dt=qd.f64)
+    n = qd.math.normalize(qd.Vector(rng.normal(size=3).tolist(), dt=qd.f64))
+    d = float(v.to_numpy() @ n.to_numpy())
+    np.testing.assert_allclose(qd.math.reflect(v, n).to_numpy(), v.to_numpy() - 2 * d * n.to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(qd.math.mix(v, n, 0.25).to_numpy(), 0.75 * v.to_numpy() + 0.25 * n.to_numpy())
+    np.testing.assert_allclose(qd.math.mod(-0.5, 1.0), 0.5)
+    np.testing.assert_allclose(qd.math.fract(qd.Vector([-1.25, 0.5, 1.75])).to_numpy(), [0.75, 0.5, 0.75])
+    np.testing.assert_array_equal(qd.math.eye(3).to_numpy(), np.eye(3))
+
+
+# -- svd, polar_decompose, sym_eig ----------------------------------------------------------------------
+
+def _decomposition_kernel(n, dt):
+    A = qd.Matrix.field(n, n, dt, shape=32)
+    U, S, V, R, P, Q = (qd.Matrix.field(n, n, dt, shape=32) for _ in range(6))
+    W = qd.Vector.field(n, dt, shape=32)
+
+    @qd.kernel
+    def decompose():
+        for i in range(32):
+            U[i], S[i], V[i] = qd.svd(A[i])
+            R[i], P[i] = qd.polar_decompose(A[i])
+            w, q = qd.sym_eig(A[i] + A[i].transpose())
+            W[i], Q[i] = w, q
+
+    return A, (U, S, V, R, P, W, Q), decompose
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dt", [qd.f32, qd.f64], ids=["f32", "f64"])
+def test_decompositions_reconstruct(n, dt, rng):
+    tol = 2e-5 if dt == qd.f32 else 1e-12
+    A, outs, decompose = _decomposition_kernel(n, dt)
+    a = rng.normal(size=(32, n, n))
+    A.from_numpy(a)
+    decompose()
+    U, S, V, R, P, W, Q = (f.to_numpy().astype(np.float64) for f in outs)
+    eye = np.broadcast_to(np.eye(n), (32, n, n))
+    T = np.transpose
+    np.testing.assert_allclose(U @ S @ T(V, (0, 2, 1)), a, atol=10 * tol)
+    for M in (U, V, R, Q):
+        np.testing.assert_allclose(M @ T(M, (0, 2, 1)), eye, atol=10 * tol)
+    for M in (U, V, R):   # rotations
+        np.testing.assert_allclose(np.linalg.det(M), 1.0, atol=10 * tol)
+    s = np.diagonal(S, axis1=1, axis2=2)
+    np.testing.assert_allclose(S, np.einsum("ij,ki->kij", np.eye(n), s), atol=10 * tol)   # diagonal
+    np.testing.assert_allclose(np.abs(s), np.linalg.svd(a)[1], rtol=10 * tol, atol=10 * tol)
+    np.testing.assert_array_equal(np.sign(np.prod(s, axis=1)), np.sign(np.linalg.det(a)))
+    np.testing.assert_allclose(R @ P, a, atol=10 * tol)
+    np.testing.assert_allclose(P, T(P, (0, 2, 1)), atol=10 * tol)
+    b = a + T(a, (0, 2, 1))
+    np.testing.assert_allclose(W, np.linalg.eigvalsh(b), rtol=10 * tol, atol=10 * tol)
+    np.testing.assert_allclose(Q @ (W[:, :, None] * T(Q, (0, 2, 1))), b, atol=20 * tol)
+
+
+def test_decompositions_in_python_scope(rng):
+    a = rng.normal(size=(3, 3))
+    U, S, V = qd.svd(qd.Matrix(a, dt=qd.f64))
+    np.testing.assert_allclose(U.to_numpy() @ S.to_numpy() @ V.to_numpy().T, a, atol=1e-12)
+    w, Q = qd.sym_eig(qd.Matrix(a + a.T, dt=qd.f64))
+    np.testing.assert_allclose(w.to_numpy(), np.linalg.eigvalsh(a + a.T), atol=1e-12)
+    R, P = qd.polar_decompose(qd.Matrix(a[:2, :2], dt=qd.f64))
+    np.testing.assert_allclose(R.to_numpy() @ P.to_numpy(), a[:2, :2], atol=1e-12)
+    with pytest.raises(QuadrantsTypeError, match=r"qd.svd takes a 2x2 or 3x3 matrix"):
+        qd.svd(qd.Matrix(np.eye(4)))
+
+
+def test_decomposition_of_a_vector_is_our_error():
+    @qd.kernel
+    def bad():
+        for _ in range(2):
+            qd.sym_eig(qd.Vector([1.0, 2.0]))
+
+    with pytest.raises(QuadrantsTypeError, match=r"(?s)qd.sym_eig takes a 2x2 or 3x3 matrix.*qd.sym_eig"):
+        bad()
+
+
+# -- qd.types, qd.zero, tuple assignment ---------------------------------------------------------------
+
+def test_type_predicates():
+    for dt, integral, real, signed in ((qd.i8, True, False, True), (qd.i64, True, False, True),
+                                       (qd.u16, True, False, False), (qd.u1, True, False, False),
+                                       (qd.f16, False, True, None), (qd.f64, False, True, None)):
+        assert qd.types.is_integral(dt) is integral and qd.types.is_real(dt) is real
+        if signed is None:
+            with pytest.raises(QuadrantsTypeError, match="takes an integer type"):
+                qd.types.is_signed(dt)
+        else:
+            assert qd.types.is_signed(dt) is signed and qd.types.is_unsigned(dt) is (not signed)
+    assert qd.types.is_tensor(qd.types.vector(3, qd.f32)) and not qd.types.is_tensor(qd.f32)
+    assert qd.types.is_real(np.float32) and qd.types.is_integral(int)
+
+
+@qd.kernel
+def zeros_and_swaps(x: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=2)):
+    for i in range(x.shape[0] - 1):
+        a, b = x[i], x[i + 1]
+        a, b = b, a                        # swap
+        v = qd.Vector([a, b])
+        w = qd.Vector([b * 2, a * 2])
+        v, w = w, v
+        p = q = r = a - b                  # chained
+        z = qd.zero(v)
+        o = qd.one(a)
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = a, b, v[0], w[1]
+        out[i, 4] = p + q + r
+        out[i, 5] = z[0] + z[1] + o
+        out[i, 6] = qd.zero(x[i])
+
+
+def test_tuple_assignment_and_zero(rng):
+    x = rng.normal(size=33).astype(np.float32)
+    out = np.full((32, 7), np.nan, np.float32)
+    zeros_and_swaps(x, out)
+    a, b = x[1:], x[:-1]
+    np.testing.assert_array_equal(out[:, 0], a)
+    np.testing.assert_array_equal(out[:, 1], b)
+    np.testing.assert_array_equal(out[:, 2], 2 * b)
+    np.testing.assert_array_equal(out[:, 3], b)
+    np.testing.assert_allclose(out[:, 4], 3 * (a - b), rtol=1e-6)
+    np.testing.assert_array_equal(out[:, 5:], np.tile([1.0, 0.0], (32, 1)))
+
+
+swap_field = qd.field(qd.i32, shape=64)
+chain_a = qd.field(qd.i32, shape=64)
+chain_b = qd.field(qd.i32, shape=64)
+
+
+@qd.kernel
+def swap_pairs():
+    for i in range(32):
+        swap_field[2 * i], swap_field[2 * i + 1] = swap_field[2 * i + 1], swap_field[2 * i]
+        chain_a[2 * i] = chain_b[2 * i + 1] = swap_field[2 * i] * 3
+
+
+def test_tuple_assignment_on_fields(rng):
+    v = rng.integers(-1000, 1000, 64).astype(np.int32)
+    swap_field.from_numpy(v)
+    chain_a.fill(0)
+    chain_b.fill(0)
+    swap_pairs()
+    ref = v.reshape(32, 2)[:, ::-1].reshape(64)
+    np.testing.assert_array_equal(swap_field.to_numpy(), ref)
+    np.testing.assert_array_equal(chain_a.to_numpy()[::2], 3 * ref[::2])
+    np.testing.assert_array_equal(chain_b.to_numpy()[1::2], 3 * ref[::2])
+    np.testing.assert_array_equal(chain_a.to_numpy()[1::2], 0)

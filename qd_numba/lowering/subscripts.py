@@ -15,7 +15,7 @@ from numba.extending import overload
 from .. import math as qd_math
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
-from .atomics import element_cas
+from .atomic_cas import element_cas
 from .field import element_atomic, element_store
 from .matrix import matrix_from_tuple, matrix_to_tuple, matrix_with_item
 

@@ -2,7 +2,7 @@
 division (``raw_div``/``raw_mod``), bit operations (``bit_shr``, ``clz``, ``popcnt``, ``ffs``),
 float tests (``isnan``, ``isinf``) and ``select``.
 
-qd_numba/math.py types, lowers and runs (Python scope) these rows exactly as the math ops'; a
+ops/elementwise.py types, lowers and runs (Python scope) these rows exactly as the math ops'; a
 kernel differentiated through one of them gets no gradient rule (``kernel.grad`` treats it as
 any call it cannot differentiate). Integer-only ops reject floats with a ``TypingError`` (a
 ``QuadrantsTypeError`` naming the line in a kernel).

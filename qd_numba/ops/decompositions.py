@@ -23,8 +23,8 @@ from __future__ import annotations
 from numba.extending import overload
 
 from ..dtypes import f32, f64
-from ..math import cast, sqrt
 from ..matrix import Matrix, Vector
+from .elementwise import cast, sqrt
 from .math_funcs import compiled_as_itself
 
 SWEEPS = 8

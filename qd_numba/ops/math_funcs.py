@@ -17,8 +17,8 @@ from numba.core import types
 from numba.extending import overload
 
 from ..dtypes import f32 as _F32
-from ..math import clamp, cos, floor, sin, sqrt
 from ..matrix import Matrix, Vector
+from .elementwise import clamp, cos, floor, sin, sqrt
 
 e, pi, inf, nan = math.e, math.pi, math.inf, math.nan
 

@@ -55,6 +55,7 @@ from .ops.math_funcs import (  # noqa: F401  (re-exported)
     dot,
     e,
     eye,
+    fns,
     inf,
     inverse,
     length,
@@ -87,7 +88,7 @@ __all__ = [
     "vec2", "vec3", "vec4", "ivec2", "ivec3", "ivec4", "uvec2", "uvec3", "uvec4", "mat2", "mat3", "mat4",
     "select", "log2", "fract", "sign", "step", "isnan", "isinf", "clz", "popcnt", "ffs", "raw_div", "raw_mod",
     "bit_shr", "bit_cast", "frexp",
-    "cross", "degrees", "determinant", "distance", "dot", "e", "eye", "inf", "inverse", "length", "mix", "mod",
+    "cross", "degrees", "determinant", "distance", "dot", "e", "eye", "fns", "inf", "inverse", "length", "mix", "mod",
     "nan", "normalize", "pi", "radians", "reflect", "refract", "rot_by_axis", "rot_yaw_pitch_roll", "rotation2d",
     "rotation3d", "scale", "smoothstep", "translate", "vdir",
 ]

@@ -361,13 +361,13 @@ def test_transforms(rng):
 
 def test_math_namespace_matches_quadrants():
     names = ["acos", "asin", "atan2", "ceil", "clamp", "clz", "cos", "cross", "degrees", "determinant", "distance",
-             "dot", "e", "exp", "eye", "ffs", "floor", "fract", "inf", "inverse", "isinf", "isnan", "ivec2",
+             "dot", "e", "exp", "eye", "ffs", "floor", "fns", "fract", "inf", "inverse", "isinf", "isnan", "ivec2",
              "ivec3", "ivec4", "length", "log", "log2", "mat2", "mat3", "mat4", "max", "min", "mix", "mod",
              "translate", "scale", "nan", "normalize", "pi", "pow", "popcnt", "radians", "reflect", "refract",
              "rot_by_axis", "rot_yaw_pitch_roll", "rotation2d", "rotation3d", "round", "sign", "sin",
              "smoothstep", "sqrt", "step", "tan", "tanh", "uvec2", "uvec3", "uvec4", "vdir", "vec2", "vec3", "vec4"]
     missing = [n for n in names if not hasattr(qd.math, n)]
-    assert missing == []   # everything of Quadrants' qd.math but fns (docs/quadrants_compat.md)
+    assert missing == []   # every name of Quadrants' qd.math.__all__ (docs/quadrants_compat.md)
     assert qd.math.pi == np.pi and qd.math.isinf(qd.math.inf) == 1 and qd.math.isnan(qd.math.nan) == 1
     assert qd.math.uvec3 == qd.types.vector(3, qd.u32)
 
@@ -519,3 +519,55 @@ def test_tuple_assignment_on_fields(rng):
     np.testing.assert_array_equal(chain_a.to_numpy()[::2], 3 * ref[::2])
     np.testing.assert_array_equal(chain_b.to_numpy()[1::2], 3 * ref[::2])
     np.testing.assert_array_equal(chain_a.to_numpy()[1::2], 0)
+
+
+def _np_fns(mask, base, offset):
+    bits = [i for i in range(32) if (mask >> i) & 1]
+    if offset == 0:
+        return base if base < 32 and base in bits else 0xFFFFFFFF
+    picked = [i for i in bits if i >= base] if offset > 0 else [i for i in reversed(bits) if i <= base]
+    return picked[abs(offset) - 1] if len(picked) >= abs(offset) else 0xFFFFFFFF
+
+
+@qd.kernel
+def find_nth(mask: qd.types.ndarray(dtype=qd.u32, ndim=1), base: qd.types.ndarray(dtype=qd.u32, ndim=1),
+             offset: qd.types.ndarray(dtype=qd.i32, ndim=1), out: qd.types.ndarray(dtype=qd.u32, ndim=1)):
+    for i in range(mask.shape[0]):
+        out[i] = qd.math.fns(mask[i], base[i], offset[i])
+
+
+def test_fns(rng):
+    n = 300
+    mask = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    mask[:3] = [0, 0xFFFFFFFF, 1]
+    base = rng.integers(0, 32, n).astype(np.uint32)
+    offset = rng.integers(-6, 7, n).astype(np.int32)
+    out = np.zeros(n, np.uint32)
+    find_nth(mask, base, offset, out)
+    ref = [_np_fns(int(m), int(b), int(o)) for m, b, o in zip(mask, base, offset)]
+    np.testing.assert_array_equal(out, np.array(ref, np.uint32))
+    assert qd.math.fns(np.uint32(0b1011), 0, 3) == 3
+
+
+spd_in = qd.Matrix.field(3, 3, qd.f64, shape=16)
+spd_out = qd.Matrix.field(3, 3, qd.f64, shape=16)
+
+
+@qd.kernel
+def nearest_spd():
+    for i in spd_in:
+        spd_out[i] = qd.make_spd(spd_in[i])
+
+
+def test_make_spd(rng):
+    a = rng.normal(size=(16, 3, 3))
+    a = a + a.transpose(0, 2, 1)
+    spd_in.from_numpy(a)
+    nearest_spd()
+    w, q = np.linalg.eigh(a)
+    ref = q @ (np.maximum(w, 0)[:, :, None] * q.transpose(0, 2, 1))
+    np.testing.assert_allclose(spd_out.to_numpy(), ref, atol=1e-12)
+    b = a[0, :2, :2]
+    w2, q2 = np.linalg.eigh(b)
+    np.testing.assert_allclose(qd.make_spd(qd.Matrix(b, dt=qd.f64)).to_numpy(), q2 @ np.diag(np.maximum(w2, 0)) @ q2.T,
+                               atol=1e-12)

@@ -1,4 +1,5 @@
-"""``qd.svd``, ``qd.polar_decompose``, ``qd.sym_eig`` for 2x2 and 3x3 matrices, by Jacobi rotations.
+"""``qd.svd``, ``qd.polar_decompose``, ``qd.sym_eig``, ``qd.make_spd`` for 2x2 and 3x3 matrices, by
+Jacobi rotations.
 
 As ops/math_funcs.py, every function is plain Python written with qd operations and serves both
 scopes (compiled code compiles the same function). The public entries pick the 2x2 or 3x3 body
@@ -12,6 +13,7 @@ from the matrix's shape (in compiled code, once at typing).
   (determinant +1), so the last singular value carries the sign of ``det(A)``, as Quadrants'.
 * ``polar_decompose(A)`` -> ``(R, P)`` with ``A = R P``: ``R = U V^T`` a rotation, ``P = V S V^T``
   symmetric.
+* ``make_spd(A)``: the nearest symmetric positive semi-definite matrix, ``Q diag(max(w, 0)) Q^T``.
 
 The number of sweeps is fixed (:data:`SWEEPS`: Jacobi converges quadratically; this many leave
 the off-diagonal at rounding level for f64), so the code has no data-dependent loop bound on
@@ -25,6 +27,7 @@ from numba.extending import overload
 from ..dtypes import f32, f64
 from ..matrix import Matrix, Vector
 from .elementwise import cast, sqrt
+from .elementwise import max as elementwise_max
 from .math_funcs import compiled_as_itself
 
 SWEEPS = 8
@@ -166,6 +169,18 @@ def _sym_eig3(A, one):
     return Vector([d0, d1, d2]), _cols3(v0, v1, v2)
 
 
+def _make_spd2(A, one):
+    w, Q = _sym_eig2(A, one)
+    w = elementwise_max(w, one * 0)
+    return Q @ Matrix([[w[0], one * 0], [one * 0, w[1]]]) @ Q.transpose()
+
+
+def _make_spd3(A, one):
+    w, Q = _sym_eig3(A, one)
+    w, zero = elementwise_max(w, one * 0), one * 0
+    return Q @ Matrix([[w[0], zero, zero], [zero, w[1], zero], [zero, zero, w[2]]]) @ Q.transpose()
+
+
 def _polar2(A, one):
     U, S, V = _svd2(A, one)
     return U @ V.transpose(), V @ S @ V.transpose()
@@ -177,10 +192,11 @@ def _polar3(A, one):
 
 
 for _fn in (_sign1, _rotation, _orthogonalise, _cols2, _cols3, _svd2, _svd3, _any_orthogonal, _jacobi_entry,
-            _jacobi3, _sym_eig2, _sym_eig3, _polar2, _polar3):
+            _jacobi3, _sym_eig2, _sym_eig3, _polar2, _polar3, _make_spd2, _make_spd3):
     compiled_as_itself(_fn)
 
-_BODIES = {"svd": (_svd2, _svd3), "sym_eig": (_sym_eig2, _sym_eig3), "polar_decompose": (_polar2, _polar3)}
+_BODIES = {"svd": (_svd2, _svd3), "sym_eig": (_sym_eig2, _sym_eig3), "polar_decompose": (_polar2, _polar3),
+           "make_spd": (_make_spd2, _make_spd3)}
 
 
 def _float_type(dtype, dt):
@@ -216,6 +232,12 @@ def polar_decompose(A, dt=None):
     return _python_scope("polar_decompose", A, dt)
 
 
+def make_spd(A, dt=None):
+    """The symmetric positive semi-definite matrix nearest to the symmetric ``A`` (Frobenius
+    norm): ``Q @ diag(max(w, 0)) @ Q.transpose()`` from ``w, Q = sym_eig(A)`` (2x2 or 3x3)."""
+    return _python_scope("make_spd", A, dt)
+
+
 def _register(public, name):
     from ..errors import QuadrantsTypeError, typing_error
     from ..typing.matrix import MatrixType, dtype_arg
@@ -232,5 +254,5 @@ def _register(public, name):
         return impl
 
 
-for _public in (svd, sym_eig, polar_decompose):
+for _public in (svd, sym_eig, polar_decompose, make_spd):
     _register(_public, _public.__name__)

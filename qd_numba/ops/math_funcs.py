@@ -17,8 +17,9 @@ from numba.core import types
 from numba.extending import overload
 
 from ..dtypes import f32 as _F32
+from ..dtypes import u32 as _U32
 from ..matrix import Matrix, Vector
-from .elementwise import clamp, cos, floor, sin, sqrt
+from .elementwise import cast, clamp, cos, floor, sin, sqrt
 
 e, pi, inf, nan = math.e, math.pi, math.inf, math.nan
 
@@ -158,6 +159,27 @@ def vdir(ang):
     return Vector([cos(ang), sin(ang)], dt=_F32)
 
 
+def fns(mask, base, offset):
+    """The position of the ``|offset|``-th set bit of the 32-bit ``mask``, scanning up
+    (``offset > 0``) or down (``offset < 0``) from bit ``base`` (inclusive); ``offset == 0``:
+    ``base`` if that bit is set. ``0xFFFFFFFF`` (a ``u32``) when there is no such bit (CUDA's
+    ``__fns``; a 32-step loop on every target)."""
+    m, b, n = int(mask) & 0xFFFFFFFF, int(base), int(offset)
+    result = -1
+    if n == 0:
+        if b < 32 and (m >> b) & 1 != 0:
+            result = b
+    else:
+        count = n if n > 0 else -n
+        for k in range(32):
+            i = k if n > 0 else 31 - k
+            if result < 0 and (i >= b if n > 0 else i <= b) and (m >> i) & 1 != 0:
+                count -= 1
+                if count == 0:
+                    result = i
+    return cast(result & 0xFFFFFFFF, _U32)
+
+
 def eye(n):
     """The ``n`` x ``n`` identity (``f32``); ``n`` a constant."""
     return Matrix.identity(_F32, n)
@@ -173,6 +195,6 @@ def _eye(n):
 
 FUNCS = (zero, one, mix, smoothstep, mod, degrees, radians, dot, cross, length, distance, normalize,
          determinant, inverse, reflect, refract, translate, scale, rot_by_axis, rot_yaw_pitch_roll,
-         rotation2d, rotation3d, vdir)
+         rotation2d, rotation3d, vdir, fns)
 for _fn in FUNCS:
     compiled_as_itself(_fn)

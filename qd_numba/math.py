@@ -48,7 +48,15 @@ from .ops.elementwise import (  # noqa: F401  (re-exported)
     tanh,
 )
 from .ops.math_funcs import (  # noqa: F401  (re-exported)
+    cconj,
+    cdiv,
+    cexp,
+    cinv,
+    clog,
+    cmul,
+    cpow,
     cross,
+    csqrt,
     degrees,
     determinant,
     distance,
@@ -91,4 +99,5 @@ __all__ = [
     "cross", "degrees", "determinant", "distance", "dot", "e", "eye", "fns", "inf", "inverse", "length", "mix", "mod",
     "nan", "normalize", "pi", "radians", "reflect", "refract", "rot_by_axis", "rot_yaw_pitch_roll", "rotation2d",
     "rotation3d", "scale", "smoothstep", "translate", "vdir",
+    "cconj", "cdiv", "cexp", "cinv", "clog", "cmul", "cpow", "csqrt",
 ]

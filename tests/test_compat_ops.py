@@ -571,3 +571,25 @@ def test_make_spd(rng):
     w2, q2 = np.linalg.eigh(b)
     np.testing.assert_allclose(qd.make_spd(qd.Matrix(b, dt=qd.f64)).to_numpy(), q2 @ np.diag(np.maximum(w2, 0)) @ q2.T,
                                atol=1e-12)
+
+
+@qd.kernel
+def complex_ops(z: qd.types.ndarray(dtype=qd.f32, ndim=2), out: qd.types.ndarray(dtype=qd.f32, ndim=3)):
+    for i in range(z.shape[0]):
+        a, b = qd.math.vec2(z[i, 0], z[i, 1]), qd.math.vec2(z[i, 2], z[i, 3])
+        rs = (qd.math.cmul(a, b), qd.math.cdiv(a, b), qd.math.cconj(a), qd.math.cinv(a), qd.math.csqrt(a),
+              qd.math.cpow(a, 1.5), qd.math.cexp(a), qd.math.clog(a))
+        for k in qd.static(range(8)):
+            out[i, k, 0], out[i, k, 1] = rs[k][0], rs[k][1]
+
+
+def test_complex_helpers(rng):
+    z = rng.normal(size=(40, 4)).astype(np.float32)
+    out = np.zeros((40, 8, 2), np.float32)
+    complex_ops(z, out)
+    a, b = (z[:, 0] + 1j * z[:, 1]).astype(np.complex128), (z[:, 2] + 1j * z[:, 3]).astype(np.complex128)
+    ref = [a * b, a / b, np.conj(a), 1 / a, np.sqrt(a), a ** 1.5, np.exp(a), np.log(a)]
+    got = out[:, :, 0] + 1j * out[:, :, 1]
+    for k, r in enumerate(ref):
+        np.testing.assert_allclose(got[:, k], r, rtol=2e-5, atol=2e-5, err_msg=f"complex op {k}")
+    np.testing.assert_allclose(qd.math.cmul(qd.math.vec2(1, 1), qd.math.vec2(0, 1)).to_numpy(), [-1, 1])

@@ -1,5 +1,5 @@
 """The functions of ``qd.math`` that are compositions of other qd operations (GLSL-style helpers,
-transforms), and ``qd.zero``/``qd.one``.
+transforms, complex numbers as 2d vectors), and ``qd.zero``/``qd.one``.
 
 Each is one plain Python function, written with qd operations, that serves both scopes: called
 from Python it runs on numbers and ``qd.Matrix`` values; in compiled code (kernels, funcs,
@@ -19,7 +19,7 @@ from numba.extending import overload
 from ..dtypes import f32 as _F32
 from ..dtypes import u32 as _U32
 from ..matrix import Matrix, Vector
-from .elementwise import cast, clamp, cos, floor, sin, sqrt
+from .elementwise import atan2, cast, clamp, cos, exp, floor, log, pow, sin, sqrt
 
 e, pi, inf, nan = math.e, math.pi, math.inf, math.nan
 
@@ -180,6 +180,58 @@ def fns(mask, base, offset):
     return cast(result & 0xFFFFFFFF, _U32)
 
 
+# -- complex numbers as 2d vectors ``(re, im)`` (results are ``f32`` vectors, as Quadrants' vec2) -------
+
+def _c(re, im):
+    return Vector([re, im], dt=_F32)
+
+
+def cmul(z1, z2):
+    return _c(z1[0] * z2[0] - z1[1] * z2[1], z1[0] * z2[1] + z2[0] * z1[1])
+
+
+def cconj(z):
+    return _c(z[0], -z[1])
+
+
+def cdiv(z1, z2):
+    d = z2[0] * z2[0] + z2[1] * z2[1]
+    return _c((z1[0] * z2[0] + z1[1] * z2[1]) / d, (z2[0] * z1[1] - z1[0] * z2[1]) / d)
+
+
+def cinv(z):
+    d = z[0] * z[0] + z[1] * z[1]
+    return _c(z[0] / d, -z[1] / d)
+
+
+def csqrt(z):
+    """The square root with a positive real part (non-negative imaginary part on the axis); 0 for 0."""
+    result = _c(0.0, 0.0)
+    if z[0] != 0 or z[1] != 0:
+        r, a = sqrt(sqrt(z[0] * z[0] + z[1] * z[1])), atan2(z[1], z[0]) / 2.0
+        result = _c(r * cos(a), r * sin(a))
+    return result
+
+
+def cpow(z, n):
+    """``z ** n`` (principal branch; real ``n``); 0 for ``z == 0``."""
+    result = _c(0.0, 0.0)
+    if z[0] != 0 or z[1] != 0:
+        r, a = pow(z[0] * z[0] + z[1] * z[1], n / 2.0), atan2(z[1], z[0]) * n
+        result = _c(r * cos(a), r * sin(a))
+    return result
+
+
+def cexp(z):
+    r = exp(z[0])
+    return _c(r * cos(z[1]), r * sin(z[1]))
+
+
+def clog(z):
+    """The principal logarithm: ``(log |z|, arg z)``, the argument in (-pi, pi]."""
+    return _c(log(z[0] * z[0] + z[1] * z[1]) / 2.0, atan2(z[1], z[0]))
+
+
 def eye(n):
     """The ``n`` x ``n`` identity (``f32``); ``n`` a constant."""
     return Matrix.identity(_F32, n)
@@ -195,6 +247,6 @@ def _eye(n):
 
 FUNCS = (zero, one, mix, smoothstep, mod, degrees, radians, dot, cross, length, distance, normalize,
          determinant, inverse, reflect, refract, translate, scale, rot_by_axis, rot_yaw_pitch_roll,
-         rotation2d, rotation3d, vdir, fns)
+         rotation2d, rotation3d, vdir, fns, _c, cmul, cconj, cdiv, cinv, csqrt, cpow, cexp, clog)
 for _fn in FUNCS:
     compiled_as_itself(_fn)

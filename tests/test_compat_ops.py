@@ -593,3 +593,29 @@ def test_complex_helpers(rng):
     for k, r in enumerate(ref):
         np.testing.assert_allclose(got[:, k], r, rtol=2e-5, atol=2e-5, err_msg=f"complex op {k}")
     np.testing.assert_allclose(qd.math.cmul(qd.math.vec2(1, 1), qd.math.vec2(0, 1)).to_numpy(), [-1, 1])
+
+
+half = qd.field(qd.f16, shape=3)
+vec_slots = qd.Vector.field(3, qd.i64, shape=4)
+
+
+@qd.kernel
+def half_and_components(f: qd.types.ndarray(dtype=qd.f32, ndim=1), won: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+    for i in range(f.shape[0]):
+        qd.atomic_mul(half[0], f[i])
+        qd.atomic_exchange(half[1], 0.5)
+        if qd.atomic_cas(vec_slots[i % 4][2], 7, i) == 7:   # a vector component
+            won[i] = 1
+
+
+def test_atomics_on_f16_and_vector_components(rng):
+    f = rng.permutation([2.0] * 6 + [0.5] * 4 + [1.0] * 30).astype(np.float32)  # exact in f16 in any order
+    half.from_numpy(np.array([1.0, 3.0, 9.0], np.float16))
+    vec_slots.from_numpy(np.tile(np.array([1, 2, 7], np.int64), (4, 1)))
+    won = np.zeros(40, np.int32)
+    half_and_components(f, won)
+    np.testing.assert_array_equal(half.to_numpy(), np.array([np.prod(f), 0.5, 9.0], np.float16))
+    slots = vec_slots.to_numpy()
+    np.testing.assert_array_equal(slots[:, :2], np.tile([1, 2], (4, 1)))
+    for s in range(4):   # one winner per slot, and the slot holds its index
+        assert won[s::4].sum() == 1 and slots[s, 2] == np.arange(40)[s::4][won[s::4] == 1][0]

@@ -619,3 +619,42 @@ def test_atomics_on_f16_and_vector_components(rng):
     np.testing.assert_array_equal(slots[:, :2], np.tile([1, 2], (4, 1)))
     for s in range(4):   # one winner per slot, and the slot holds its index
         assert won[s::4].sum() == 1 and slots[s, 2] == np.arange(40)[s::4][won[s::4] == 1][0]
+
+
+lin_a = qd.Matrix.field(3, 3, qd.f64, shape=16)
+lin_b = qd.Vector.field(3, qd.f64, shape=16)
+lin_x = qd.Vector.field(3, qd.f64, shape=16)
+
+
+@qd.kernel
+def solve_all():
+    for i in lin_a:
+        lin_x[i] = qd.solve(lin_a[i], lin_b[i])
+
+
+def test_solve(rng):
+    a, b = rng.normal(size=(16, 3, 3)) + 3 * np.eye(3), rng.normal(size=(16, 3))
+    lin_a.from_numpy(a)
+    lin_b.from_numpy(b)
+    solve_all()
+    np.testing.assert_allclose(lin_x.to_numpy(), np.linalg.solve(a, b[:, :, None])[:, :, 0], rtol=1e-10, atol=1e-12)
+    x = qd.solve(qd.Matrix(a[0, :2, :2], dt=qd.f64), qd.Vector(b[0, :2], dt=qd.f64))
+    np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(a[0, :2, :2], b[0, :2]), rtol=1e-12)
+
+
+normal = qd.field(qd.f64, shape=40000)
+
+
+@qd.kernel
+def draw_normal():
+    for i in range(40000):
+        normal[i] = qd.randn(qd.f64) if i % 2 == 0 else qd.randn()
+
+
+def test_randn_is_standard_normal():
+    draw_normal()
+    x = normal.to_numpy()
+    assert abs(x.mean()) < 0.02 and abs(x.std() - 1) < 0.02
+    for k, p in ((1, 0.6827), (2, 0.9545)):   # the mass within k standard deviations
+        assert abs(np.mean(np.abs(x) < k) - p) < 0.01
+    assert len(np.unique(x)) > 39000

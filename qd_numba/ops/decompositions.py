@@ -14,6 +14,7 @@ from the matrix's shape (in compiled code, once at typing).
 * ``polar_decompose(A)`` -> ``(R, P)`` with ``A = R P``: ``R = U V^T`` a rotation, ``P = V S V^T``
   symmetric.
 * ``make_spd(A)``: the nearest symmetric positive semi-definite matrix, ``Q diag(max(w, 0)) Q^T``.
+* ``solve(A, b)``: ``x`` with ``A x = b``, from ``A``'s inverse (closed form for these sizes).
 
 The number of sweeps is fixed (:data:`SWEEPS`: Jacobi converges quadratically; this many leave
 the off-diagonal at rounding level for f64), so the code has no data-dependent loop bound on
@@ -236,6 +237,34 @@ def make_spd(A, dt=None):
     """The symmetric positive semi-definite matrix nearest to the symmetric ``A`` (Frobenius
     norm): ``Q @ diag(max(w, 0)) @ Q.transpose()`` from ``w, Q = sym_eig(A)`` (2x2 or 3x3)."""
     return _python_scope("make_spd", A, dt)
+
+
+def solve(A, b, dt=None):
+    """``x`` with ``A @ x == b`` for a 2x2 or 3x3 ``A`` and a vector ``b`` (by ``A``'s inverse)."""
+    from ..dtypes import to_numba
+    from ..errors import QuadrantsTypeError
+
+    if not (isinstance(A, Matrix) and A.ndim == 2 and A.n == A.m and A.n in (2, 3)
+            and isinstance(b, Vector) and b.n == A.n):
+        raise QuadrantsTypeError(f"qd.solve takes a 2x2 or 3x3 matrix and a vector of its size, got {A!r}, {b!r}")
+    ft = _float_type(A.dtype, None if dt is None else to_numba(dt))
+    return cast(A, ft).inverse() @ cast(b, ft)
+
+
+@overload(solve)
+def _solve(A, b, dt=None):
+    from ..errors import QuadrantsTypeError, typing_error
+    from ..typing.matrix import MatrixType, dtype_arg
+
+    if not (isinstance(A, MatrixType) and A.ndim == 2 and A.n == A.m and A.n in (2, 3)
+            and isinstance(b, MatrixType) and b.ndim == 1 and b.n == A.n):
+        raise typing_error(QuadrantsTypeError(
+            f"qd.solve takes a 2x2 or 3x3 matrix and a vector of its size, got {A}, {b}"))
+    ft = _float_type(A.dtype, dtype_arg(dt, "dt"))
+
+    def impl(A, b, dt=None):
+        return cast(A, ft).inverse() @ cast(b, ft)
+    return impl
 
 
 def _register(public, name):

@@ -103,7 +103,7 @@ from .math import (
 from .matrix import Matrix, Vector
 from .offline_cache import clear_offline_cache
 from .ops.atomics import atomic_cas, atomic_exchange, atomic_mul
-from .ops.decompositions import make_spd, polar_decompose, solve, svd, sym_eig
+from .ops.decompositions import eig, make_spd, polar_decompose, solve, svd, sym_eig
 from .ops.math_funcs import one, zero
 from .ops.random_normal import randn
 from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level

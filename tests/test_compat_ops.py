@@ -658,3 +658,32 @@ def test_randn_is_standard_normal():
     for k, p in ((1, 0.6827), (2, 0.9545)):   # the mass within k standard deviations
         assert abs(np.mean(np.abs(x) < k) - p) < 0.01
     assert len(np.unique(x)) > 39000
+
+
+eig_in = qd.Matrix.field(2, 2, qd.f64, shape=64)
+eig_val = qd.Matrix.field(2, 2, qd.f64, shape=64)
+eig_vec = qd.Matrix.field(4, 2, qd.f64, shape=64)
+
+
+@qd.kernel
+def eig_all():
+    for i in eig_in:
+        eig_val[i], eig_vec[i] = qd.eig(eig_in[i])
+
+
+def test_eig_2x2_real_and_complex(rng):
+    a = rng.normal(size=(64, 2, 2))
+    a[0] = 2.5 * np.eye(2)                      # a multiple of the identity
+    eig_in.from_numpy(a)
+    eig_all()
+    lam = eig_val.to_numpy()[:, :, 0] + 1j * eig_val.to_numpy()[:, :, 1]
+    vec = eig_vec.to_numpy()[:, 0::2, :] + 1j * eig_vec.to_numpy()[:, 1::2, :]   # (64, 2 rows, 2 columns)
+    assert (~np.isreal(lam)).any() and np.isreal(lam).any()   # both kinds occur
+    for i in range(64):
+        np.testing.assert_allclose(np.sort_complex(lam[i]), np.sort_complex(np.linalg.eigvals(a[i])), atol=1e-10)
+        for k in range(2):
+            v = vec[i, :, k]
+            np.testing.assert_allclose(np.linalg.norm(v), 1.0, rtol=1e-12)
+            np.testing.assert_allclose(a[i] @ v, lam[i, k] * v, atol=1e-10)
+    val, _ = qd.eig(qd.Matrix([[0.0, -1.0], [1.0, 0.0]], dt=qd.f64))
+    np.testing.assert_allclose(val.to_numpy(), [[0.0, 1.0], [0.0, -1.0]], atol=1e-15)

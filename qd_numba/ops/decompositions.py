@@ -14,6 +14,7 @@ from the matrix's shape (in compiled code, once at typing).
 * ``polar_decompose(A)`` -> ``(R, P)`` with ``A = R P``: ``R = U V^T`` a rotation, ``P = V S V^T``
   symmetric.
 * ``make_spd(A)``: the nearest symmetric positive semi-definite matrix, ``Q diag(max(w, 0)) Q^T``.
+* ``eig(A)`` (2x2): eigenvalues and eigenvectors of a real matrix, complex as ``(re, im)`` pairs.
 * ``solve(A, b)``: ``x`` with ``A x = b``, from ``A``'s inverse (closed form for these sizes).
 
 The number of sweeps is fixed (:data:`SWEEPS`: Jacobi converges quadratically; this many leave
@@ -182,6 +183,31 @@ def _make_spd3(A, one):
     return Q @ Matrix([[w[0], zero, zero], [zero, w[1], zero], [zero, zero, w[2]]]) @ Q.transpose()
 
 
+def _eigvec2(A, re, im, fallback, one):
+    """A unit eigenvector (a 4-vector ``(re0, im0, re1, im1)``) of the eigenvalue that is not
+    ``re + i im``: the larger column of ``A - (re + i im) I`` (Cayley-Hamilton); ``fallback`` when
+    that matrix is zero (``A`` a multiple of the identity)."""
+    zero = one * 0
+    c0 = Vector([A[0, 0] - re, -im, A[1, 0], zero])
+    c1 = Vector([A[0, 1], zero, A[1, 1] - re, -im])
+    v = c0 if c0.norm_sqr() >= c1.norm_sqr() else c1
+    return fallback if v.norm_sqr() == 0 else v / v.norm()
+
+
+def _eig2(A, one):
+    zero, half = one * 0, one / 2
+    tr, det = A[0, 0] + A[1, 1], A[0, 0] * A[1, 1] - A[0, 1] * A[1, 0]
+    gap = tr * tr - 4 * one * det
+    root = sqrt(abs(gap))
+    re1, im1, re2, im2 = (tr + root) * half, zero, (tr - root) * half, zero
+    if gap < 0:
+        re1, im1, re2, im2 = tr * half, root * half, tr * half, -root * half
+    v1 = _eigvec2(A, re2, im2, Vector([zero, zero, one, zero]), one)
+    v2 = _eigvec2(A, re1, im1, Vector([one, zero, zero, zero]), one)
+    return (Matrix([[re1, im1], [re2, im2]]),
+            Matrix([[v1[0], v2[0]], [v1[1], v2[1]], [v1[2], v2[2]], [v1[3], v2[3]]]))
+
+
 def _polar2(A, one):
     U, S, V = _svd2(A, one)
     return U @ V.transpose(), V @ S @ V.transpose()
@@ -193,11 +219,16 @@ def _polar3(A, one):
 
 
 for _fn in (_sign1, _rotation, _orthogonalise, _cols2, _cols3, _svd2, _svd3, _any_orthogonal, _jacobi_entry,
-            _jacobi3, _sym_eig2, _sym_eig3, _polar2, _polar3, _make_spd2, _make_spd3):
+            _jacobi3, _sym_eig2, _sym_eig3, _polar2, _polar3, _make_spd2, _make_spd3, _eigvec2, _eig2):
     compiled_as_itself(_fn)
 
-_BODIES = {"svd": (_svd2, _svd3), "sym_eig": (_sym_eig2, _sym_eig3), "polar_decompose": (_polar2, _polar3),
-           "make_spd": (_make_spd2, _make_spd3)}
+_BODIES = {"svd": {2: _svd2, 3: _svd3}, "sym_eig": {2: _sym_eig2, 3: _sym_eig3},
+           "polar_decompose": {2: _polar2, 3: _polar3}, "make_spd": {2: _make_spd2, 3: _make_spd3},
+           "eig": {2: _eig2}}
+
+
+def _sizes(name):
+    return " or ".join(f"{n}x{n}" for n in _BODIES[name])
 
 
 def _float_type(dtype, dt):
@@ -211,10 +242,10 @@ def _python_scope(name, A, dt):
     from ..dtypes import to_numba
     from ..errors import QuadrantsTypeError
 
-    if not isinstance(A, Matrix) or A.ndim != 2 or A.n != A.m or A.n not in (2, 3):
-        raise QuadrantsTypeError(f"qd.{name} takes a 2x2 or 3x3 matrix, got {A!r}")
+    if not isinstance(A, Matrix) or A.ndim != 2 or A.n != A.m or A.n not in _BODIES[name]:
+        raise QuadrantsTypeError(f"qd.{name} takes a {_sizes(name)} matrix, got {A!r}")
     ft = _float_type(A.dtype, None if dt is None else to_numba(dt))
-    return _BODIES[name][A.n - 2](cast(A, ft), cast(1, ft))
+    return _BODIES[name][A.n](cast(A, ft), cast(1, ft))
 
 
 def svd(A, dt=None):
@@ -237,6 +268,13 @@ def make_spd(A, dt=None):
     """The symmetric positive semi-definite matrix nearest to the symmetric ``A`` (Frobenius
     norm): ``Q @ diag(max(w, 0)) @ Q.transpose()`` from ``w, Q = sym_eig(A)`` (2x2 or 3x3)."""
     return _python_scope("make_spd", A, dt)
+
+
+def eig(A, dt=None):
+    """``(eigenvalues, eigenvectors)`` of a real 2x2 ``A``, complex numbers as ``(re, im)`` pairs:
+    a 2x2 matrix whose rows are the eigenvalues (the larger real part, or positive imaginary
+    part, first) and a 4x2 matrix whose columns are unit eigenvectors ``(re0, im0, re1, im1)``."""
+    return _python_scope("eig", A, dt)
 
 
 def solve(A, b, dt=None):
@@ -273,15 +311,15 @@ def _register(public, name):
 
     @overload(public)
     def typer(A, dt=None):
-        if not (isinstance(A, MatrixType) and A.ndim == 2 and A.n == A.m and A.n in (2, 3)):
-            raise typing_error(QuadrantsTypeError(f"qd.{name} takes a 2x2 or 3x3 matrix, got {A}"))
+        if not (isinstance(A, MatrixType) and A.ndim == 2 and A.n == A.m and A.n in _BODIES[name]):
+            raise typing_error(QuadrantsTypeError(f"qd.{name} takes a {_sizes(name)} matrix, got {A}"))
         ft = _float_type(A.dtype, dtype_arg(dt, "dt"))
-        body = _BODIES[name][A.n - 2]
+        body = _BODIES[name][A.n]
 
         def impl(A, dt=None):
             return body(cast(A, ft), cast(1, ft))
         return impl
 
 
-for _public in (svd, sym_eig, polar_decompose, make_spd):
+for _public in (svd, sym_eig, polar_decompose, make_spd, eig):
     _register(_public, _public.__name__)

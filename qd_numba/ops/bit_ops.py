@@ -1,17 +1,14 @@
-"""Elementwise ops without adjoint rules, as a table in the form of ops/math_ops.py's: C-style
-division (``raw_div``/``raw_mod``), bit operations (``bit_shr``, ``clz``, ``popcnt``, ``ffs``),
-float tests (``isnan``, ``isinf``) and ``select``.
+"""Elementwise ops without adjoint rules, as a table in the form of ops/math_ops.py's: bit
+operations (``bit_shr``, ``clz``, ``popcnt``, ``ffs``) and float tests (``isnan``, ``isinf``).
 
 ops/elementwise.py types, lowers and runs (Python scope) these rows exactly as the math ops'; a
-kernel differentiated through one of them gets no gradient rule (``kernel.grad`` treats it as
-any call it cannot differentiate). Integer-only ops reject floats with a ``TypingError`` (a
+kernel differentiated through one of them is an error naming the call (``kernel.grad`` has no
+rule for it; ``qd.stop_grad`` its argument). Integer-only ops reject floats with a ``TypingError`` (a
 ``QuadrantsTypeError`` naming the line in a kernel).
 
-Semantics, as Quadrants': ``raw_div`` truncates toward zero on integers (C ``/``) and divides
-floats; ``raw_mod`` has the dividend's sign (C ``%``, ``fmod``); ``bit_shr`` is a logical shift
-of the first operand's type; ``clz``/``popcnt``/``ffs`` count over the unsigned bit pattern and
-give an ``i32`` (``clz(0)`` is the width, ``ffs(0)`` is 0); ``isnan``/``isinf`` give ``i32`` 1/0;
-``select(cond, a, b)`` computes both and picks per element (cond non-zero: ``a``).
+Semantics, as Quadrants': ``bit_shr`` is a logical shift of the first operand's type;
+``clz``/``popcnt``/``ffs`` count over the unsigned bit pattern and give an ``i32`` (``clz(0)`` is
+the width, ``ffs(0)`` is 0); ``isnan``/``isinf`` give ``i32`` 1/0.
 """
 
 from __future__ import annotations
@@ -45,11 +42,6 @@ def _shift_rule(common, dtypes):
     c = _integer("bit_shr", arith_dtype(dtypes[0]))
     _integer("bit_shr", arith_dtype(dtypes[1]))
     return [c, c], c
-
-
-def _select_rule(common, dtypes):
-    c = common([1, 2])
-    return [types.boolean, c, c], c
 
 
 def _float_test_rule(common, dtypes):
@@ -87,26 +79,8 @@ def _emit_ffs(context, builder, t, x):
     return builder.select(is_zero, llir.IntType(32)(0), builder.add(tz, llir.IntType(32)(1)))
 
 
-def _emit_raw_div(context, builder, t, x, y):
-    """C division: integers truncate toward zero."""
-    if isinstance(t, types.Float):
-        return builder.fdiv(x, y)
-    return (builder.sdiv if t.signed else builder.udiv)(x, y)
-
-
-def _emit_raw_mod(context, builder, t, x, y):
-    """C remainder: the sign of the dividend (``fmod`` for floats)."""
-    if isinstance(t, types.Float):
-        return builder.frem(x, y)
-    return (builder.srem if t.signed else builder.urem)(x, y)
-
-
 def _emit_bit_shr(context, builder, t, x, n):
     return builder.lshr(x, n)
-
-
-def _emit_select(context, builder, t, cond, x, y):
-    return builder.select(cond, x, y)
 
 
 # numpy forms of the integer ops: the bit pattern as unsigned integers of the operand's width
@@ -136,13 +110,6 @@ def _np_ffs(x):
     return np.where(u == 0, 0, trailing + 1)
 
 
-def _np_raw_div(x, y):
-    if x.dtype.kind == "f":
-        return x / y
-    q = x // y
-    return q + ((q < 0) & (q * y != x))
-
-
 def _np_bit_shr(x, n):
     return (_unsigned(x) >> n.astype(_unsigned(x).dtype)).astype(x.dtype)
 
@@ -157,8 +124,5 @@ BIT_OPS = {op.name: op for op in (
     _row("clz", 1, False, _bit_count("llvm.ctlz", True), _np_clz, rule=_int_rule("clz", i32)),
     _row("popcnt", 1, False, _bit_count("llvm.ctpop", False), _np_popcnt, rule=_int_rule("popcnt", i32)),
     _row("ffs", 1, False, _emit_ffs, _np_ffs, rule=_int_rule("ffs", i32)),
-    _row("raw_div", 2, False, _emit_raw_div, _np_raw_div),
-    _row("raw_mod", 2, False, _emit_raw_mod, np.fmod),
     _row("bit_shr", 2, False, _emit_bit_shr, _np_bit_shr, rule=_shift_rule),
-    _row("select", 3, False, _emit_select, np.where, rule=_select_rule),
 )}

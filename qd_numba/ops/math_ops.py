@@ -7,7 +7,8 @@ adjoint rule.
 
 Dtype rules: ``rule(common, dtypes) -> (compute dtype per argument, result dtype)``, ``dtypes`` the
 element dtype of each argument and ``common(indices=None)`` the operand dtype of those arguments
-(the matrix operator rules); ops/bit_ops.py's rows use them. The rows here use ``float_result``
+(the matrix operator rules; ``select``'s condition is cast to a boolean); ops/bit_ops.py's rows use
+them too. The other rows use ``float_result``
 instead: ``True`` computes in the default float (integers give ``f32``), ``False`` in the operand
 dtype.
 
@@ -129,6 +130,36 @@ def _emit_step(context, builder, t, edge, x):
     return builder.select(builder.fcmp_ordered(">=", x, edge), x.type(1.0), x.type(0.0))
 
 
+def _emit_raw_div(context, builder, t, x, y):
+    """C division: integers truncate toward zero."""
+    if isinstance(t, types.Float):
+        return builder.fdiv(x, y)
+    return (builder.sdiv if t.signed else builder.udiv)(x, y)
+
+
+def _emit_raw_mod(context, builder, t, x, y):
+    """C remainder: the sign of the dividend (``fmod`` for floats)."""
+    if isinstance(t, types.Float):
+        return builder.frem(x, y)
+    return (builder.srem if t.signed else builder.urem)(x, y)
+
+
+def _emit_select(context, builder, t, cond, x, y):
+    return builder.select(cond, x, y)
+
+
+def _np_raw_div(x, y):
+    if x.dtype.kind == "f":
+        return x / y
+    q = x // y
+    return q + ((q < 0) & (q * y != x))
+
+
+def _select_rule(common, dtypes):
+    c = common([1, 2])
+    return [types.boolean, c, c], c
+
+
 def _np_round(x):
     if x.dtype.kind != "f":
         return x
@@ -179,6 +210,12 @@ MATH_OPS = {op.name: op for op in (
     _op("fract", 1, False, _emit_fract, lambda x: x - np.floor(x), lambda a, out, g, qd: (g,)),
     _op("sign", 1, True, _emit_sign, lambda x: (x >= 0).astype(x.dtype) - (x <= 0).astype(x.dtype),
         lambda a, out, g, qd: (g * 0,)),
+    _op("raw_div", 2, False, _emit_raw_div, _np_raw_div,
+        lambda a, out, g, qd: (g / a[1], -g * a[0] / (a[1] * a[1]))),
+    _op("raw_mod", 2, False, _emit_raw_mod, np.fmod,
+        lambda a, out, g, qd: (g, -g * qd.raw_div(a[0] - out, a[1])), needs_out=True),
+    _op("select", 3, False, _emit_select, np.where,
+        lambda a, out, g, qd: (g * 0, qd.select(a[0], g, g * 0), qd.select(a[0], g * 0, g)), rule=_select_rule),
     _op("step", 2, True, _emit_step, lambda edge, x: (x >= edge).astype(x.dtype), lambda a, out, g, qd: (g * 0, g * 0)),
 )}
 

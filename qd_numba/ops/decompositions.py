@@ -1,9 +1,9 @@
-"""``qd.svd``, ``qd.polar_decompose``, ``qd.sym_eig``, ``qd.make_spd`` for 2x2 and 3x3 matrices, by
-Jacobi rotations.
+"""Small dense linear algebra: ``qd.svd``, ``qd.polar_decompose``, ``qd.sym_eig``, ``qd.make_spd``
+(2x2 and 3x3, by Jacobi rotations), ``qd.eig`` (2x2) and ``qd.solve`` (2x2 and 3x3).
 
 As ops/math_funcs.py, every function is plain Python written with qd operations and serves both
-scopes (compiled code compiles the same function). The public entries pick the 2x2 or 3x3 body
-from the matrix's shape (in compiled code, once at typing).
+scopes (compiled code compiles the same function). The public entries pick the body for the
+matrix's size (in compiled code, once at typing).
 
 * ``sym_eig(A)`` -> ``(eigenvalues, eigenvectors)``: cyclic two-sided Jacobi on the symmetric
   ``A`` (``A <- J^T A J``, ``V <- V J``); eigenvalues ascending (a vector), eigenvectors the

@@ -83,18 +83,24 @@ from .math import (
     asin,
     atan,
     atan2,
+    bit_cast,
+    bit_shr,
     cast,
     ceil,
     clamp,
     cos,
     exp,
     floor,
+    frexp,
     log,
     max,
     min,
     pow,
+    raw_div,
+    raw_mod,
     round,
     rsqrt,
+    select,
     sin,
     sqrt,
     tan,
@@ -102,6 +108,10 @@ from .math import (
 )
 from .matrix import Matrix, Vector
 from .offline_cache import clear_offline_cache
+from .ops.atomics import atomic_cas, atomic_exchange, atomic_mul
+from .ops.decompositions import eig, make_spd, polar_decompose, solve, svd, sym_eig
+from .ops.math_funcs import one, zero
+from .ops.random_normal import randn
 from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64
 from .task import Task

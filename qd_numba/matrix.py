@@ -127,6 +127,7 @@ class Matrix(metaclass=_MatrixMeta):
 
     __slots__ = ("entries",)
     __hash__ = None  # == is elementwise
+    __array_ufunc__ = None  # numpy scalars defer to our operators (np.float32(2) * v is a Matrix)
 
     def __init__(self, values, dt=None):
         self.entries = _as_matrix_array(values, dt)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numba.core import types
+
 from .dtypes import (  # noqa: F401
     f16,
     f32,
@@ -17,6 +19,7 @@ from .dtypes import (  # noqa: F401
     int16,
     int32,
     int64,
+    to_numba,
     u1,
     u8,
     u16,
@@ -27,8 +30,10 @@ from .dtypes import (  # noqa: F401
     uint32,
     uint64,
 )
+from .errors import QuadrantsTypeError
 from .frontend.args import NDArray, NdarraySpec, Template
 from .matrix import matrix, vector  # noqa: F401
+from .typing.matrix import MatrixType
 
 
 def ndarray(dtype=None, ndim=None) -> NdarraySpec:
@@ -36,5 +41,43 @@ def ndarray(dtype=None, ndim=None) -> NdarraySpec:
     return NdarraySpec(dtype, ndim)
 
 
+def is_integral(dtype) -> bool:
+    """Whether ``dtype`` is an integer type (``u1``, the boolean, counts as one, as in Quadrants)."""
+    return isinstance(_scalar(dtype), (types.Integer, types.Boolean))
+
+
+def is_real(dtype) -> bool:
+    """Whether ``dtype`` is a floating-point type."""
+    return isinstance(_scalar(dtype), types.Float)
+
+
+def is_signed(dtype) -> bool:
+    """Whether the integer type ``dtype`` is signed (a ``QuadrantsTypeError`` for other types)."""
+    t = _scalar(dtype)
+    if not is_integral(t):
+        raise QuadrantsTypeError(f"qd.types.is_signed takes an integer type, got {dtype!r}")
+    return isinstance(t, types.Integer) and t.signed
+
+
+def is_unsigned(dtype) -> bool:
+    """Whether the integer type ``dtype`` is unsigned (``u1`` included)."""
+    return not is_signed(dtype)
+
+
+def is_tensor(dtype) -> bool:
+    """Whether ``dtype`` is a vector or matrix type (``qd.types.vector(3, qd.f32)``)."""
+    return isinstance(dtype, MatrixType)
+
+
+def _scalar(dtype) -> types.Type:
+    if isinstance(dtype, MatrixType):
+        return dtype
+    try:
+        return to_numba(dtype)
+    except TypeError:
+        raise QuadrantsTypeError(f"not a qd dtype: {dtype!r}") from None
+
+
 template = Template
-__all__ = ["ndarray", "NDArray", "template", "vector", "matrix"]
+__all__ = ["ndarray", "NDArray", "template", "vector", "matrix", "is_integral", "is_real", "is_signed",
+           "is_unsigned", "is_tensor"]

@@ -39,6 +39,8 @@ ATOMIC_OPS = {
     "and": ("and", "and", None),
     "or": ("or", "or", None),
     "xor": ("xor", "xor", None),
+    "mul": ("mul", "mul", "fmul"),      # lowering/atomics.py: a compare-and-swap loop
+    "xchg": ("xchg", "xchg", "xchg"),   # lowering/atomics.py: on the element's bits
 }
 
 
@@ -227,8 +229,10 @@ def _half_atomic(builder, opname, ptr, value):
     expected = builder.phi(i32)
     expected.add_incoming(initial, entry)
     old = builder.fpext(builder.bitcast(builder.trunc(builder.lshr(expected, shift), i16), half), f32)
-    if opname in ("add", "sub"):
-        new = (builder.fadd if opname == "add" else builder.fsub)(old, value)
+    if opname in ("add", "sub", "mul"):
+        new = {"add": builder.fadd, "sub": builder.fsub, "mul": builder.fmul}[opname](old, value)
+    elif opname == "xchg":
+        new = value
     else:
         new = builder.select(builder.fcmp_ordered(">" if opname == "max" else "<", value, old), value, old)
     new_bits = builder.zext(builder.bitcast(builder.fptrunc(new, half), i16), i32)
@@ -304,6 +308,7 @@ def element_atomic(typingctx, f, idx, value, op):
     resty = _layout(f)[0] if component else _value_type(f)
 
     def codegen(context, builder, sig, args):
+        from .atomics import RMW_OPS, emit_rmw
         from .device import cuda_atomic_rmw, is_cuda_context
 
         fty, idxty, valty, _ = sig.args
@@ -317,6 +322,8 @@ def element_atomic(typingctx, f, idx, value, op):
             v = context.cast(builder, v, vt, dtype)
             if _is_half(fty):
                 olds.append(_half_atomic(builder, opname, p, v))
+            elif opname in RMW_OPS:
+                olds.append(emit_rmw(builder, opname, p, v))
             elif nvvm_float:
                 olds.append(cuda_atomic_rmw(builder, opname, p, v))
             else:

@@ -10,7 +10,7 @@ Responsibilities:
 * Public intrinsics other compiler code calls from compiled code: :func:`matrix_from_tuple`,
   :func:`make_vector`, :func:`make_matrix`, :func:`matrix_to_tuple`, :func:`matrix_with_item`.
 * Scalar helpers (:func:`elements`, :func:`pack`, :func:`scalar_binop`, :func:`cast_all`,
-  :func:`dot_product` ...) reused by ``qd_numba/math.py`` and the op tables in ``qd_numba/ops/``.
+  :func:`dot_product` ...) reused by the op tables and their lowering in ``qd_numba/ops/``.
 
 Every element operation is emitted directly as LLVM through the target context's own scalar
 implementations (``context.get_function(operator.add, sig)`` ...), unrolled over the ``n*m``

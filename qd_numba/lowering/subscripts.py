@@ -15,11 +15,12 @@ from numba.extending import overload
 from .. import math as qd_math
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
+from .atomic_cas import element_cas
 from .field import element_atomic, element_store
 from .matrix import matrix_from_tuple, matrix_to_tuple, matrix_with_item
 
 __all__ = ["element_atomic", "atomic_update", "nested_atomic", "subscript_store", "write_back", "apply_op",
-           "true_divide", "as_index_tuple"]
+           "true_divide", "as_index_tuple", "atomic_cas_update", "nested_atomic_cas", "cas_value"]
 
 
 def _compiled_only(*args):
@@ -32,6 +33,20 @@ def atomic_update(base, index, value, op):
 
 
 def nested_atomic(base, outer_index, inner_index, value, op):
+    _compiled_only()
+
+
+def atomic_cas_update(base, index, expected, desired):
+    """Atomic compare-and-swap of ``base[index]``; returns the old value."""
+    _compiled_only()
+
+
+def nested_atomic_cas(base, outer_index, inner_index, expected, desired):
+    _compiled_only()
+
+
+def cas_value(old, expected, desired):
+    """The value a local holds after ``qd.atomic_cas`` on it (``desired`` where ``old == expected``)."""
     _compiled_only()
 
 
@@ -106,6 +121,32 @@ def _atomic_update(base, index, value, op):
     return impl
 
 
+@overload(atomic_cas_update)
+def _atomic_cas_update(base, index, expected, desired):
+    if not _is_data(base):
+        return None
+    return lambda base, index, expected, desired: element_cas(base, as_index_tuple(index), expected, desired)
+
+
+@overload(nested_atomic_cas)
+def _nested_atomic_cas(base, outer_index, inner_index, expected, desired):
+    if not _is_data(base):
+        return None
+
+    def impl(base, outer_index, inner_index, expected, desired):
+        return element_cas(base, as_index_tuple(outer_index) + as_index_tuple(inner_index), expected, desired)
+
+    return impl
+
+
+@overload(cas_value)
+def _cas_value(old, expected, desired):
+    dt = old.dtype if _is_matrix(old) else old
+    if _is_matrix(old):
+        return lambda old, expected, desired: qd_math.select(old == expected, qd_math.cast(desired, dt), old)
+    return lambda old, expected, desired: qd_math.cast(desired, dt) if old == expected else old
+
+
 def _layout_has_elements(ty):
     return isinstance(ty, FieldType) and bool(ty.elem_shape)
 
@@ -159,6 +200,7 @@ _OPS = {
     "xor": lambda a, b: a ^ b,
     "min": lambda a, b: min(a, b),
     "max": lambda a, b: max(a, b),
+    "mul": lambda a, b: a * b,
 }
 
 
@@ -166,6 +208,9 @@ _OPS = {
 def _apply_op(a, b, op):
     if not isinstance(op, types.StringLiteral):
         return None
+    if op.literal_value == "xchg":  # the new value, in the local's type
+        dt = a.dtype if _is_matrix(a) else a
+        return lambda a, b, op: qd_math.cast(b, dt)
     fn = _OPS[op.literal_value]
     if op.literal_value in ("min", "max") and _is_matrix(a):
         fn = qd_math.min if op.literal_value == "min" else qd_math.max

@@ -1,8 +1,16 @@
 """The math operations of ``qd.*`` as one table: a row per op, with everything about it.
 
-A row gives the op's arity, its result-dtype rule (``float_result``: integers compute in the
-default float), its scalar emitter for compiled code (``emit(context, builder, dtype, *values)``),
-its numpy implementation for Python scope, and its reverse-mode adjoint rule.
+A row gives the op's arity, its dtype rule, its scalar emitter for compiled code
+(``emit(context, builder, dtype, *values)``: ``dtype`` the first argument's compute dtype; returns a
+value of the result dtype), its numpy implementation for Python scope, and its reverse-mode
+adjoint rule.
+
+Dtype rules: ``rule(common, dtypes) -> (compute dtype per argument, result dtype)``, ``dtypes`` the
+element dtype of each argument and ``common(indices=None)`` the operand dtype of those arguments
+(the matrix operator rules; ``select``'s condition is cast to a boolean); ops/bit_ops.py's rows use
+them too. The other rows use ``float_result``
+instead: ``True`` computes in the default float (integers give ``f32``), ``False`` in the operand
+dtype.
 
 Adjoint rules: ``adjoint(args, out, g, qd) -> tuple`` with one gradient per argument, written
 with Python operators and the math functions of ``qd`` (the ``qd_numba.math`` module, passed in:
@@ -25,6 +33,7 @@ from numba.core import types
 from numba.core.typing.templates import signature
 
 from ..lowering.matrix import scalar_binop, scalar_select, scalar_sqrt
+from ..typing.matrix import default_float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +43,17 @@ class MathOp:
     float_result: bool                 # integer operands compute in the default float type
     emit: Callable                     # (context, builder, dtype, *llvm values) -> llvm value
     numpy: Callable                    # (*arrays in the compute dtype) -> array
-    adjoint: Callable                  # (args, out, g, qd) -> gradients, one per argument
+    adjoint: Callable | None           # (args, out, g, qd) -> gradients, one per argument
     needs_out: bool = False            # the adjoint reads the primal result
+    rule: Callable | None = None       # (common, dtypes) -> (arg dtypes, result dtype); None: float_result
+
+    def dtypes(self, common, dtypes):
+        """(compute dtype per argument, result dtype) of a call with element dtypes ``dtypes``."""
+        if self.rule is not None:
+            return self.rule(common, dtypes)
+        c = common()
+        c = default_float(c) if self.float_result else c
+        return [c] * len(dtypes), c
 
 
 # -- scalar emitters ----------------------------------------------------------------------------
@@ -96,6 +114,52 @@ def _emit_clamp(context, builder, t, x, lo, hi):
     return _emit_min(context, builder, t, _emit_max(context, builder, t, x, lo), hi)
 
 
+def _emit_fract(context, builder, t, x):
+    if not isinstance(t, types.Float):
+        return x.type(0)
+    return builder.fsub(x, _intrinsic_fn("llvm.floor")(context, builder, t, x))
+
+
+def _emit_sign(context, builder, t, x):
+    one, zero = x.type(1.0), x.type(0.0)
+    pos = builder.select(builder.fcmp_ordered(">=", x, zero), one, zero)
+    return builder.fsub(pos, builder.select(builder.fcmp_ordered("<=", x, zero), one, zero))
+
+
+def _emit_step(context, builder, t, edge, x):
+    return builder.select(builder.fcmp_ordered(">=", x, edge), x.type(1.0), x.type(0.0))
+
+
+def _emit_raw_div(context, builder, t, x, y):
+    """C division: integers truncate toward zero."""
+    if isinstance(t, types.Float):
+        return builder.fdiv(x, y)
+    return (builder.sdiv if t.signed else builder.udiv)(x, y)
+
+
+def _emit_raw_mod(context, builder, t, x, y):
+    """C remainder: the sign of the dividend (``fmod`` for floats)."""
+    if isinstance(t, types.Float):
+        return builder.frem(x, y)
+    return (builder.srem if t.signed else builder.urem)(x, y)
+
+
+def _emit_select(context, builder, t, cond, x, y):
+    return builder.select(cond, x, y)
+
+
+def _np_raw_div(x, y):
+    if x.dtype.kind == "f":
+        return x / y
+    q = x // y
+    return q + ((q < 0) & (q * y != x))
+
+
+def _select_rule(common, dtypes):
+    c = common([1, 2])
+    return [types.boolean, c, c], c
+
+
 def _np_round(x):
     if x.dtype.kind != "f":
         return x
@@ -110,8 +174,8 @@ def _step(cond):
 
 # -- the table ------------------------------------------------------------------------------------
 
-def _op(name, arity, float_result, emit, numpy, adjoint, needs_out=False):
-    return MathOp(name, arity, float_result, emit, numpy, adjoint, needs_out)
+def _op(name, arity, float_result, emit, numpy, adjoint, needs_out=False, rule=None):
+    return MathOp(name, arity, float_result, emit, numpy, adjoint, needs_out, rule)
 
 
 MATH_OPS = {op.name: op for op in (
@@ -142,6 +206,17 @@ MATH_OPS = {op.name: op for op in (
     _op("clamp", 3, False, _emit_clamp, lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
         lambda a, out, g, qd: (g * _step((a[0] >= a[1]) & (a[0] <= a[2])), g * _step(a[0] < a[1]),
                                g * _step(a[0] > a[2]))),
+    _op("log2", 1, True, _math_fn(math.log2), np.log2, lambda a, out, g, qd: (g / (a[0] * math.log(2.0)),)),
+    _op("fract", 1, False, _emit_fract, lambda x: x - np.floor(x), lambda a, out, g, qd: (g,)),
+    _op("sign", 1, True, _emit_sign, lambda x: (x >= 0).astype(x.dtype) - (x <= 0).astype(x.dtype),
+        lambda a, out, g, qd: (g * 0,)),
+    _op("raw_div", 2, False, _emit_raw_div, _np_raw_div,
+        lambda a, out, g, qd: (g / a[1], -g * a[0] / (a[1] * a[1]))),
+    _op("raw_mod", 2, False, _emit_raw_mod, np.fmod,
+        lambda a, out, g, qd: (g, -g * qd.raw_div(a[0] - out, a[1])), needs_out=True),
+    _op("select", 3, False, _emit_select, np.where,
+        lambda a, out, g, qd: (g * 0, qd.select(a[0], g, g * 0), qd.select(a[0], g * 0, g)), rule=_select_rule),
+    _op("step", 2, True, _emit_step, lambda edge, x: (x >= edge).astype(x.dtype), lambda a, out, g, qd: (g * 0, g * 0)),
 )}
 
 

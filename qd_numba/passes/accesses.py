@@ -335,6 +335,7 @@ def _access_callees() -> dict:
     """The compiled helpers that access global data as ``helper(base, index, ...)``: callee ->
     "load" | "store" | "atomic"."""
     table = {sub_impl.atomic_update: "atomic", sub_impl.nested_atomic: "atomic", sub_impl.write_back: "store",
+             sub_impl.atomic_cas_update: "atomic", sub_impl.nested_atomic_cas: "atomic",
              reduce_impl.reduce_combine: "atomic"}
     direct = sys.modules.get("qd_numba.lowering.array_access")   # the DirectArrayAccess rewrite
     if direct is not None:

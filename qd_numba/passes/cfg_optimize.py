@@ -57,7 +57,8 @@ from .ir_builder import successors
 from .plan_tasks import with_accesses
 
 _PURE_MODULES = frozenset({"math", "cmath", "qd_numba.math", "qd_numba.matrix", "qd_numba.lowering.matrix",
-                           "qd_numba.lowering.spaces"})
+                           "qd_numba.lowering.spaces", "qd_numba.ops.elementwise", "qd_numba.ops.math_funcs",
+                           "qd_numba.ops.decompositions"})
 _PURE_BUILTINS = frozenset({builtins.bool, builtins.int, builtins.float, builtins.abs, builtins.min, builtins.max,
                             builtins.range, builtins.len, builtins.round, builtins.pow, builtins.divmod})
 

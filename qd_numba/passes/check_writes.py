@@ -19,7 +19,8 @@ from ..lowering import subscripts
 from ..typing.field import FieldType
 from .base import argument_of, try_static
 
-_WRITING_HELPERS = (subscripts.atomic_update, subscripts.nested_atomic, subscripts.write_back)
+_WRITING_HELPERS = (subscripts.atomic_update, subscripts.nested_atomic, subscripts.write_back,
+                    subscripts.atomic_cas_update, subscripts.nested_atomic_cas)
 
 
 def is_readonly(ty) -> bool:

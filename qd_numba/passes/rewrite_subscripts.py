@@ -16,6 +16,8 @@ a field or an ndarray argument, ``L`` a local value):
 ``qd.atomic_<op>(G[I][J], V)``              ``nested_atomic(G, I, J, V, op)``: returns old
 ``qd.atomic_<op>(L[I], V)``                 ``old = L[I]; L = subscript_store(L, I, L[I] op V)``
 ``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
+``qd.atomic_cas(X, E, D)`` (X as above)      as ``qd.atomic_<op>(X, V)``, with ``atomic_cas_update``
+                                            (``nested_atomic_cas``) and ``L = cas_value(L, E, D)``
 ``a / b``                                   ``true_divide(a, b, default_fp)``: ints give ``default_fp``
 ==========================================  =============================================
 
@@ -28,12 +30,16 @@ import dataclasses
 import operator
 from collections.abc import Callable
 
-from ..lang import ATOMIC_FUNCTIONS
+from ..errors import QuadrantsTypeError
+from ..lang import ATOMIC_FUNCTIONS as _BASIC_ATOMICS
 from ..lowering import subscripts as impl
+from ..ops.atomics import ARITY as _ATOMIC_ARITY
+from ..ops.atomics import MORE_ATOMICS
 from ..typing.matrix import SWIZZLE
 from .base import MISSING, is_global_data, try_static
 from .ir_builder import emit_call
 
+ATOMIC_FUNCTIONS = {**_BASIC_ATOMICS, **MORE_ATOMICS}
 _AUG_OPS = {operator.iadd: "add", operator.isub: "sub", operator.iand: "and",
             operator.ior: "or", operator.ixor: "xor"}
 
@@ -157,13 +163,15 @@ def _atomic_call(state, stmt):
     fn = try_static(state, expr.func)
     if fn is MISSING or not callable(fn) or fn not in ATOMIC_FUNCTIONS:
         return None
-    if len(expr.args) != 2 or expr.kws:
-        raise state.error(TypeError, f"qd.atomic_{ATOMIC_FUNCTIONS[fn]}(target, value) takes 2 arguments", stmt.loc)
-    dest, value = expr.args
+    op = ATOMIC_FUNCTIONS[fn]
+    arity = _ATOMIC_ARITY.get(op, 2)
+    if len(expr.args) != arity or expr.kws:
+        raise state.error(QuadrantsTypeError, f"qd.{fn.__name__}() takes {arity} arguments", stmt.loc)
+    dest, *values = expr.args
     # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
     # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.
     sub = _subscript(state, dest) if state.is_temp(dest) else None
-    return {"target": stmt.target, "dest": dest, "value": value, "op": ATOMIC_FUNCTIONS[fn], "sub": sub}
+    return {"target": stmt.target, "dest": dest, "value": values[0], "values": values, "op": op, "sub": sub}
 
 
 def _match_atomic_global(state, stmt):
@@ -201,16 +209,29 @@ def _match_true_divide(state, stmt):
 
 def _atomic_update(e, m):
     index = e.index(m["sub"])
+    target = m["target"] if "dest" in m else e.var("$qd_old")
+    if m["op"] == "cas":
+        e.call(impl.atomic_cas_update, [m["sub"].base, index, *m["values"]], target)
+        return
     op = e.const(m["op"])
-    e.call(impl.atomic_update, [m["sub"].base, index, m.get("rhs", m.get("value")), op],
-           m["target"] if "dest" in m else e.var("$qd_old"))
+    e.call(impl.atomic_update, [m["sub"].base, index, m.get("rhs", m.get("value")), op], target)
 
 
 def _nested_atomic(e, m):
     index, outer_index = e.index(m["sub"]), e.index(m["outer"])
+    target = m["target"] if "dest" in m else e.var("$qd_old")
+    if m["op"] == "cas":
+        e.call(impl.nested_atomic_cas, [m["outer"].base, outer_index, index, *m["values"]], target)
+        return
     op = e.const(m["op"])
-    e.call(impl.nested_atomic, [m["outer"].base, outer_index, index, m.get("rhs", m.get("value")), op],
-           m["target"] if "dest" in m else e.var("$qd_old"))
+    e.call(impl.nested_atomic, [m["outer"].base, outer_index, index, m.get("rhs", m.get("value")), op], target)
+
+
+def _new_local_value(e, m):
+    """``dest op value`` (``cas_value(dest, expected, desired)`` for a compare-and-swap)."""
+    if m["op"] == "cas":
+        return e.call(impl.cas_value, [m["dest"], *m["values"]], e.var("$qd_new"))
+    return e.call(impl.apply_op, [m["dest"], m["value"], e.const(m["op"])], e.var("$qd_new"))
 
 
 def _keep(e, m):
@@ -230,17 +251,14 @@ def _value_update(e, m):
 
 def _atomic_local_element(e, m):
     index = e.index(m["sub"])
-    op = e.const(m["op"])
     e.assign(m["dest"], m["target"])
-    new = e.call(impl.apply_op, [m["dest"], m["value"], op], e.var("$qd_new"))
+    new = _new_local_value(e, m)
     e.call(impl.subscript_store, [m["sub"].base, index, new], m["sub"].base)
 
 
 def _atomic_local(e, m):
-    op = e.const(m["op"])
     e.assign(m["dest"], m["target"])
-    new = e.call(impl.apply_op, [m["dest"], m["value"], op], e.var("$qd_new"))
-    e.assign(new, m["dest"])
+    e.assign(_new_local_value(e, m), m["dest"])
 
 
 def _true_divide(e, m):

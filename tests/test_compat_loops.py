@@ -242,6 +242,48 @@ def test_kernel_scope_extrema(rng):
 
 
 @qd.kernel
+def vector_locals(x: qd.types.ndarray(dtype=qd.f64, ndim=1), out: qd.types.ndarray(dtype=qd.f64, ndim=1)) \
+        -> qd.types.vector(3, qd.f64):
+    s = qd.Vector([0.5, 0.0, 0.0], dt=qd.f64)
+    m = qd.Vector([-1e300, -1e300], dt=qd.f64)
+    c = qd.Matrix([[0, 0], [0, 0]], dt=qd.i32)
+    for i in x:
+        s += qd.Vector([x[i], 1.0, x[i] * x[i]], dt=qd.f64)
+        qd.atomic_max(m, qd.Vector([x[i], -x[i]], dt=qd.f64))
+        c += qd.Matrix([[1, i], [0, 2]], dt=qd.i32)
+    for i in x:
+        out[i] = x[i] - s[0]                 # a later task reads the reduced vector
+    return s + qd.Vector([m[0], m[1], c[0, 1] + 1000 * c[1, 1]], dt=qd.f64)
+
+
+def test_vector_and_matrix_kernel_scope_locals(rng):
+    for n in (1, 45, 3000):
+        x = rng.standard_normal(n)
+        out = np.zeros(n)
+        got = vector_locals(x, out).to_numpy()
+        want = [0.5 + x.sum() + x.max(), n - x.min(), (x * x).sum() + n * (n - 1) // 2 + 2000 * n]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        np.testing.assert_allclose(out, x - 0.5 - x.sum(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def on_cuda():
+    qd.init(arch=qd.cuda)
+    yield
+    qd.init(arch=qd.cpu)
+
+
+@pytest.mark.cuda
+def test_gpu_loops_and_kernel_scope_locals(rng, on_cuda):
+    test_break_in_serialised_loop(rng)
+    test_ndrange_with_four_arguments_and_empty_ranges(rng)
+    test_grouped_index_spread_into_subscripts(rng)
+    test_zero_d_struct_for(rng)
+    test_kernel_scope_extrema(rng)
+    test_vector_and_matrix_kernel_scope_locals(rng)
+
+
+@qd.kernel
 def racy_assignment(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
     m = 0.0
     for i in a:

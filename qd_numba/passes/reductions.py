@@ -26,9 +26,10 @@ The rewrite, per reduction, keeps the loop a plain task of every target:
 * a *combine block*, new in the loop's body, runs once per chunk (CPU) or thread (CUDA)
   after the loop: ``reduce_combine(G, I, p, op, warp)`` — one atomic per chunk, or per warp on
   CUDA after a shuffle reduction (lowering/reduce.py);
-* a kernel-scope local lives in a cell of a ``u64`` field the pass creates (one 8-byte cell
-  per reduction): the preheader stores ``s`` into it, the combine updates it, and the loop's
-  exit reads ``s`` back.
+* a kernel-scope local lives in cells of a ``u64`` field the pass creates (a block of
+  ``CELLS_PER_LOCAL`` 8-byte cells per reduction: a vector or matrix local takes one per
+  element, reduced element by element): the preheader stores ``s`` into them, the combine
+  updates them, and the loop's exit reads ``s`` back.
 
 Never touches serial code other than the preheader and the head of the loop's exit.
 """
@@ -346,7 +347,7 @@ class ReduceAtomics:
                 found = kernel_scope_reduction(state, lp, name, uses)
                 if found is not None:
                     locals_.append((name, found, cells))
-                    cells += 1
+                    cells += rd.CELLS_PER_LOCAL     # the type is not known yet: room for a vector
             if sites or locals_:
                 plans.append((lp, loop, sites, locals_))
         if not plans:
@@ -384,7 +385,7 @@ class ReduceAtomics:
 
     @staticmethod
     def _cell_field(state, cells: int):
-        """A ``u64`` field of one 8-byte cell per kernel-scope reduction, as a hidden argument."""
+        """A ``u64`` field of 8-byte cells (a block per kernel-scope reduction), as a hidden argument."""
         field = Field(dtypes.u64, (cells,), name=f"{state.kernel_name}.reductions")
         return hidden_argument(state, field, state.func_ir.blocks[min(state.func_ir.blocks)].loc)
 
@@ -413,7 +414,7 @@ class ReduceAtomics:
             partial = scope.redefine("$qd_partial", loc)
             op = rd.COMBINE_OP[local_sites[0].op]
             stored = serial.call(rd.reduction_cell, [buf, serial.const(cell), local])
-            serial.out.append(ir.SetItem(stored, serial.const(0), local, loc))
+            serial.call(rd.cell_store, [stored, local])
             init.call(rd.reduce_identity, [local, init.const(op)], partial)
             for s in local_sites:
                 step = _Emitter(state, scope, s.update.loc)
@@ -424,7 +425,7 @@ class ReduceAtomics:
             combine.call(rd.reduce_combine, [target, combine.const(0), partial, combine.const(op),
                                              combine.const(warp)])
             read = after.call(rd.reduction_cell, [buf, after.const(cell), local])
-            after.out.append(ir.Assign(ir.Expr.getitem(read, after.const(0), loc), local, loc))
+            after.call(rd.cell_load, [read, local], local)
         for lbl in lp.body:
             block = blocks[lbl]
             body = []

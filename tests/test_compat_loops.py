@@ -192,6 +192,8 @@ def static_sequences(a: qd.types.ndarray(dtype=qd.f64, ndim=1), out: qd.types.nd
         for s in qd.static(range(5)):
             if qd.static(s in SIZES):              # ``in`` inside qd.static, on a static loop's target
                 out[i] += s * a[i]
+            if qd.static(s not in (0, 1, 2)):
+                out[i] += 1000.0
         for v in qd.static(SIZES):
             out[i] += v
 
@@ -201,7 +203,7 @@ def test_static_sequences_and_membership(rng):
     init = rng.standard_normal(9)
     out = init.copy()
     static_sequences(a, out)
-    np.testing.assert_allclose(out, init + (1 + 3 + 4) * a + 8, rtol=1e-12)
+    np.testing.assert_allclose(out, init + (1 + 3 + 4) * a + 8 + 2000.0, rtol=1e-12)
 
 
 # -- kernel-scope locals ----------------------------------------------------------------------------------

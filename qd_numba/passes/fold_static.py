@@ -47,6 +47,7 @@ class FoldStatic:
 
     def run(self, state) -> bool:
         changed = bypass_jump_only_headers(state)
+        changed |= _split_negated_membership(state)
         _reject_runtime_sequence_loops(state)
         changed |= self._fold_calls(state, strict=False)
         # a qd.static(...) that reads the target of a static loop folds once the loop is unrolled
@@ -231,6 +232,26 @@ def _reject_runtime_sequence_loops(state) -> None:
                               f"cannot loop over a {type(value).__name__} at run time in a kernel: only fields, "
                               "ndarrays, range(), qd.ndrange() and qd.grouped() are; unroll a loop over a "
                               "Python list or tuple with 'for v in qd.static(...)'", shape.loc)
+
+
+def _split_negated_membership(state) -> bool:
+    """Numba spells ``a not in b`` as ``t = b contains a; t = not t``: give the first ``t`` a
+    name of its own, so that ``qd.static(a not in b)`` has one definition to evaluate."""
+    ir = state.ir
+    changed = False
+    for block in state.func_ir.blocks.values():
+        for k, stmt in enumerate(block.body[1:], 1):
+            prev = block.body[k - 1]
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "unary" \
+                    and stmt.value.fn is operator.not_ and stmt.value.value.name == stmt.target.name \
+                    and isinstance(prev, ir.Assign) and prev.target.name == stmt.target.name:
+                fresh = block.scope.redefine("$qd_contains", prev.loc)
+                block.body[k - 1] = ir.Assign(prev.value, fresh, prev.loc)
+                stmt.value.value = fresh
+                changed = True
+    if changed:
+        state.refresh_definitions()
+    return changed
 
 
 def _reject_runtime_membership(state) -> None:

@@ -82,16 +82,17 @@ class Offload:
             info = self._canonicalize(state, shape)
             preheaders.append(shape.preheader)
             if is_task:
-                candidates.append((shape, info, serialize))
+                lp = OffloadedLoop(-1, shape.header, set(shape.body), shape.preheader, shape.exit,
+                                   shape.iternext.value.value, info["space"], info["total"],
+                                   info["plumbing"], info["setup"])
+                candidates.append((lp, shape, info, serialize))
         # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
         # it would make the pass quadratic in the number of loops
         remove_dead_pure(state, preheaders)
         grouped = []
-        for shape, info, serialize in self._check_live_outs(state, candidates):
-            index = len(state.tasks)
-            state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
-                                             shape.iternext.value.value, info["space"], info["total"],
-                                             info["plumbing"], info["setup"]))
+        for lp, shape, info, serialize in self._check_live_outs(state, candidates):
+            index = lp.task_index = len(state.tasks)
+            state.loops.append(lp)
             grouped.append(info["grouped"])
             state.tasks.append(Task.make(task_prefix(state), index, "range_for",
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
@@ -147,9 +148,7 @@ class Offload:
         blocks = state.func_ir.blocks
         liveness = Liveness(state.tools.analysis, ir, blocks)   # one for the kernel, linear in its IR
         tasks = []
-        for shape, info, serialize in candidates:
-            lp = OffloadedLoop(-1, shape.header, set(shape.body), shape.preheader, shape.exit,
-                               shape.iternext.value.value, info["space"], info["total"], [], [])
+        for lp, shape, info, serialize in candidates:
             defined = {}
             for lbl in lp.body:
                 for stmt in blocks[lbl].body:
@@ -166,7 +165,7 @@ class Offload:
                     "loop iterations run in parallel, so store results in a field (0-d fields: x[None]), "
                     "update it with +=, qd.atomic_min/max, or serialise the loop",
                     defined[leaked[0]])
-            tasks.append((shape, info, serialize))
+            tasks.append((lp, shape, info, serialize))
         return tasks
 
     # -- canonical iteration spaces ------------------------------------------------------------

@@ -87,13 +87,18 @@ def test_ndrange_with_four_arguments_and_empty_ranges(rng):
 vf = qd.field(qd.f64, shape=(3, 4, 2))
 
 
+@qd.func
+def weigh(w, i, j):
+    return w * (i * 10 + j)
+
+
 @qd.kernel
 def grouped_spread(a: qd.types.ndarray(dtype=qd.f64, ndim=3), out: qd.types.ndarray(dtype=qd.f64, ndim=3)):
     for g in qd.grouped(qd.ndrange((1, 3), 4)):
         out[g, 0] = a[g, 1] + g[0]          # vector first, then an int
         out[0, g] = a[0, g] * 3.0           # an int first
         vf[g, 1] = a[(*g, 0)] - 1.0         # ``*`` spreads g (``a[*g, 0]`` on Python 3.11+)
-        vf[g, 0] += a[g, 1]
+        vf[g, 0] += a[g, 1] + weigh(0.5, *g)   # ``*`` spreads g into a func's parameters
 
 
 def test_grouped_index_spread_into_subscripts(rng):
@@ -109,8 +114,20 @@ def test_grouped_index_spread_into_subscripts(rng):
     np.testing.assert_allclose(out, ref, rtol=1e-12)
     vref = vinit.copy()
     vref[1:3, :, 1] = a[1:3, :4, 0] - 1.0
-    vref[1:3, :, 0] += a[1:3, :4, 1]
+    vref[1:3, :, 0] += a[1:3, :4, 1] + 0.5 * (np.arange(1, 3)[:, None] * 10 + np.arange(4)[None, :])
     np.testing.assert_allclose(vf.to_numpy(), vref, rtol=1e-12)
+
+
+@qd.kernel
+def spread_too_many(out: qd.types.ndarray(dtype=qd.f64, ndim=3)):
+    for g in qd.grouped(out):
+        out[g] = weigh(1.0, *g)
+
+
+def test_spread_length_must_match():
+    with pytest.raises(qd.QuadrantsTypeError, match="passes 4 values to 3 positional parameters") as e:
+        spread_too_many(np.zeros((2, 2, 2)))
+    assert "out[g] = weigh(1.0, *g)" in str(e.value)
 
 
 # -- 0-d struct-for -------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from numba.core import types
 from numba.extending import overload
 
 from .. import math as qd_math
+from ..errors import QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
 from .field import element_atomic, element_store
@@ -228,6 +229,27 @@ def _data_setitem_mixed_index(x, idx, value):
             x[flat_index(idx)] = value
         return store
     return None
+
+
+def spread_item(seq, k, count):
+    """Item ``k`` of ``seq`` spread into a call ``f(*seq)`` that takes ``count`` items."""
+    _compiled_only()
+
+
+@overload(spread_item)
+def _spread_item(seq, k, count):
+    if not (isinstance(k, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
+        return None
+    size = seq.count if _is_matrix(seq) else len(seq) if isinstance(seq, types.BaseTuple) else None
+    if size is None:
+        return None
+    if size != count.literal_value:
+        raise typing_error(QuadrantsTypeError(
+            f"a qd.func call with *args passes {size} values to {count.literal_value} positional parameters"))
+    index = k.literal_value
+    if _is_matrix(seq):
+        return lambda seq, k, count: matrix_to_tuple(seq)[index]
+    return lambda seq, k, count: seq[index]
 
 
 @overload(tuple)

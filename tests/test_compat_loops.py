@@ -34,6 +34,16 @@ def sum_until(a: qd.types.ndarray(dtype=qd.i32, ndim=1), stop: qd.i32) -> qd.i32
     return total
 
 
+@qd.kernel
+def last_above(a: qd.types.ndarray(dtype=qd.f64, ndim=1), t: qd.f64) -> qd.i32:
+    k = -1
+    qd.loop_config(serialize=True)
+    for i in range(a.shape[0]):
+        if a[i] > t:
+            k = i                               # read after the loop: the last one, in order
+    return k
+
+
 def test_break_in_serialised_loop(rng):
     a = rng.standard_normal(200) + 1.0
     assert first_negative(a) == int(np.argmax(a < 0))
@@ -43,6 +53,9 @@ def test_break_in_serialised_loop(rng):
     assert sum_until(v, stop) == v[:stop + 1].sum()
     # Quadrants' own example: returns 55
     assert sum_until(np.arange(100, dtype=np.int32), 10) == 55
+    t = float(rng.uniform(0.5, 1.5))
+    assert last_above(a, t) == np.nonzero(a > t)[0][-1]
+    assert [task.kind for task in last_above.tasks(a, t)] == ["serial"]
 
 
 @qd.kernel

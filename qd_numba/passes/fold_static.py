@@ -160,7 +160,8 @@ class FoldStatic:
             copies.append(mapping)
             entries.append(mapping[shape.body_entry])
         private = _body_private_names(ir, blocks, shape, body_labels)
-        # a new name must be no name of the IR: Numba's replace_vars follows chains of renames
+        # a new name must be no name of the IR: Scope.redefine hands back names the IR already
+        # uses when they are not in the scope's table, and replace_vars follows chains of renames
         taken = private | {v.name for b in blocks.values() for stmt in b.body for v in stmt.list_vars()}
         scope = blocks[shape.body_entry].scope
         for n, (value, mapping) in enumerate(zip(values, copies)):
@@ -214,6 +215,9 @@ def _remove_dead_inputs(state, inputs: set) -> None:
             return
 
 
+_BUILT_SEQUENCES = {"build_list": "list", "build_tuple": "tuple"}
+
+
 def _reject_runtime_sequence_loops(state) -> None:
     """A ``for`` over a Python list or tuple is compile-time only (``qd.static``), as in Quadrants."""
     ir = state.ir
@@ -224,12 +228,13 @@ def _reject_runtime_sequence_loops(state) -> None:
         if shape is None:
             continue
         d = state.definition(shape.iterable)
-        value = d.value if isinstance(d, (ir.Const, ir.Global, ir.FreeVar)) else \
-            [] if isinstance(d, ir.Expr) and d.op == "build_list" else \
-            () if isinstance(d, ir.Expr) and d.op == "build_tuple" else None
-        if isinstance(value, (list, tuple)):
+        if isinstance(d, (ir.Const, ir.Global, ir.FreeVar)):
+            kind = type(d.value).__name__ if isinstance(d.value, (list, tuple)) else None
+        else:
+            kind = _BUILT_SEQUENCES.get(d.op) if isinstance(d, ir.Expr) else None
+        if kind is not None:
             raise state.error(QuadrantsTypeError,
-                              f"cannot loop over a {type(value).__name__} at run time in a kernel: only fields, "
+                              f"cannot loop over a {kind} at run time in a kernel: only fields, "
                               "ndarrays, range(), qd.ndrange() and qd.grouped() are; unroll a loop over a "
                               "Python list or tuple with 'for v in qd.static(...)'", shape.loc)
 

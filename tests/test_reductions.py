@@ -342,16 +342,18 @@ def test_other_updates_of_kernel_scope_locals_stay_errors(kernel, line):
 
 
 @qd.kernel
-def vector_local(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
-    s = qd.Vector([0.0, 0.0])
+def large_matrix_local(a: qd.types.ndarray(dtype=qd.f64, ndim=1)) -> qd.f64:
+    s = qd.Matrix([[0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0],
+                   [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
     for i in range(a.shape[0]):
-        s += qd.Vector([a[i], 1.0])
-    return s[0]
+        s += a[i]
+    return s[0, 0]
 
 
-def test_vector_kernel_scope_local_is_a_clear_error():
-    with pytest.raises(qd.QuadrantsTypeError, match="parallel reduction into a"):
-        vector_local(np.ones(8))
+def test_large_matrix_kernel_scope_local_is_a_clear_error():
+    # vector and matrix locals of up to 16 elements reduce (tests/test_compat_loops.py)
+    with pytest.raises(qd.QuadrantsTypeError, match=r"parallel reduction into a matrix\(5, 5"):
+        large_matrix_local(np.ones(8))
 
 
 def _fused_kernel():

@@ -337,9 +337,13 @@ def element_atomic(typingctx, f, idx, value, op):
 
 # -- Python syntax on fields --------------------------------------------------------------
 
+def _vector_in_tuple(idx) -> bool:
+    return isinstance(idx, types.BaseTuple) and any(_is_matrix(t) for t in idx)
+
+
 @overload(operator.getitem)
 def _field_getitem(f, idx):
-    if not isinstance(f, FieldType):
+    if not isinstance(f, FieldType) or _vector_in_tuple(idx):   # x[I, 1]: lowering/subscripts.py
         return None
     if _is_matrix(idx):
         return lambda f, idx: f[matrix_to_tuple(idx)]
@@ -351,7 +355,7 @@ def _field_getitem(f, idx):
 
 @overload(operator.setitem)
 def _field_setitem(f, idx, value):
-    if not isinstance(f, FieldType):
+    if not isinstance(f, FieldType) or _vector_in_tuple(idx):
         return None
     if _is_matrix(idx):
         def store_vector_index(f, idx, value):

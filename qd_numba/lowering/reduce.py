@@ -11,10 +11,13 @@ atomic per iteration:
   With ``warp`` on CUDA, the lanes of a full warp first reduce their partials with shuffles
   and only lane 0 does the atomic; a partial warp (a lane exited, debug mode) falls back to one
   atomic per lane. On the CPU ``warp`` changes nothing;
-* ``reduction_cell(buf, k, like)``: a 1-element array of ``like``'s type over the 8-byte cell
-  ``k`` of the ``u64`` field ``buf`` (the value of a kernel-scope local while its loop runs).
+* ``reduction_cell(buf, k, like)``: an array of ``like``'s element type over the 8-byte cells
+  ``k, k+1, ...`` of the ``u64`` field ``buf`` (the value of a kernel-scope local while its loop
+  runs: one cell for a scalar, one per element for a vector/matrix local); ``cell_store`` and
+  ``cell_load`` move the local's value in and out.
 
-Supported element types: 32- and 64-bit integers and floats.
+Supported element types: 32- and 64-bit integers and floats; a kernel-scope local may also be a
+vector or matrix of them (at most ``CELLS_PER_LOCAL`` elements), reduced element by element.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ from numba.extending import intrinsic, overload
 
 from ..errors import QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
+from ..typing.matrix import MatrixType
 from .field import _layout, element_atomic
+from .matrix import matrix_from_tuple, matrix_to_tuple
 from .subscripts import as_index_tuple
 
-__all__ = ["reduce_identity", "reduce_step", "reduce_combine", "reduction_cell", "warp_reduce", "CELL_BYTES"]
+__all__ = ["reduce_identity", "reduce_step", "reduce_combine", "reduction_cell", "cell_store", "cell_load",
+           "warp_reduce", "CELL_BYTES", "CELLS_PER_LOCAL"]
 
 CELL_BYTES = 8
+CELLS_PER_LOCAL = 16        # cells a kernel-scope local may use: a vector/matrix of up to 16 elements
 COMBINE_OP = {"add": "add", "sub": "add", "min": "min", "max": "max"}
 """The atomic that combines partials, per update op (``-=`` accumulates, then adds)."""
 
@@ -66,12 +73,24 @@ def _scalar(ty):
 
 
 def _checked_scalar(ty):
-    scalar = _scalar(ty)
+    """The reduced scalar type of ``ty``, a vector/matrix local's element type included."""
+    scalar = _scalar(ty.dtype) if _is_local_matrix(ty) else _scalar(ty)
     if scalar is None:
         raise typing_error(QuadrantsTypeError(
-            f"a parallel reduction into a {types.unliteral(ty)} is not supported: use a scalar of a 32- or "
-            "64-bit integer or float type"))
+            f"a parallel reduction into a {types.unliteral(ty)} is not supported: use a scalar, vector or "
+            f"matrix (at most {CELLS_PER_LOCAL} elements) of a 32- or 64-bit integer or float type"))
     return scalar
+
+
+def _is_local_matrix(ty) -> bool:
+    """A vector/matrix kernel-scope local small enough for its block of cells."""
+    return isinstance(ty, MatrixType) and ty.count <= CELLS_PER_LOCAL
+
+
+def _generated(name: str, params: str, body: str, **namespace):
+    """A function of one return expression, written per type (one expression per component)."""
+    exec(f"def {name}({params}):\n    return {body}\n", namespace)
+    return namespace[name]
 
 
 def _identity(ty, op):
@@ -90,7 +109,15 @@ def _reduce_identity(like, op):
         return None
     ty = _checked_scalar(like)
     value = _identity(ty, op.literal_value)
+    if _is_local_matrix(like):
+        mty = types.unliteral(like)
+        return _generated("identity", "like, op", f"matrix_from_tuple(({'value, ' * mty.count}), mty)",
+                          matrix_from_tuple=matrix_from_tuple, value=value, mty=mty)
     return lambda like, op: value
+
+
+_STEP = {"add": "ty({p} + ty({v}))", "sub": "ty({p} - ty({v}))", "min": "min({p}, ty({v}))",
+         "max": "max({p}, ty({v}))"}
 
 
 @overload(reduce_step)
@@ -98,20 +125,27 @@ def _reduce_step(partial, value, op):
     if not isinstance(op, types.StringLiteral):
         return None
     ty = _checked_scalar(partial)
-    name = op.literal_value
-    if name == "add":
-        return lambda partial, value, op: ty(partial + ty(value))
-    if name == "sub":
-        return lambda partial, value, op: ty(partial - ty(value))
-    if name == "min":
-        return lambda partial, value, op: min(partial, ty(value))
-    return lambda partial, value, op: max(partial, ty(value))
+    step = _STEP[op.literal_value]
+    if not _is_local_matrix(partial):
+        return _generated("step", "partial, value, op", step.format(p="partial", v="value"), ty=ty)
+    mty = types.unliteral(partial)
+    if isinstance(value, MatrixType) and value.shape != mty.shape:
+        return None
+    v = "matrix_to_tuple(value)[{k}]" if isinstance(value, MatrixType) else "value"   # a scalar broadcasts
+    parts = ", ".join(step.format(p=f"matrix_to_tuple(partial)[{k}]", v=v.format(k=k)) for k in range(mty.count))
+    return _generated("step", "partial, value, op", f"matrix_from_tuple(({parts},), mty)", ty=ty, mty=mty,
+                      matrix_from_tuple=matrix_from_tuple, matrix_to_tuple=matrix_to_tuple)
 
 
 @overload(reduce_combine)
 def _reduce_combine(data, index, partial, op, warp):
     if not (isinstance(op, types.StringLiteral) and isinstance(warp, types.BooleanLiteral)):
         return None
+    if _is_local_matrix(partial):   # a vector/matrix local's cells: one combine per component
+        parts = [f"reduce_combine(data, {k}, matrix_to_tuple(partial)[{k}], op, warp)"
+                 for k in range(partial.count)]
+        return _generated("combine", "data, index, partial, op, warp", f"({', '.join(parts)},)",
+                          reduce_combine=reduce_combine, matrix_to_tuple=matrix_to_tuple)
     if warp.literal_value:
         def combine_warp(data, index, partial, op, warp):
             total, leader = warp_reduce(partial, op)
@@ -204,12 +238,51 @@ def warp_reduce(typingctx, value, op):
 
 # -- kernel-scope cells ----------------------------------------------------------------------------------
 
+def cell_store(cells, value):
+    """``cells[...] = value``: a kernel-scope local into its cells (a vector: one per element)."""
+    _compiled_only()
+
+
+def cell_load(cells, like):
+    """The value of a kernel-scope local of ``like``'s type, from its cells."""
+    _compiled_only()
+
+
+@overload(cell_store)
+def _cell_store(cells, value):
+    if not isinstance(cells, types.Array):
+        return None
+    if _is_local_matrix(value):
+        def store_all(cells, value):
+            elements = matrix_to_tuple(value)
+            for k in range(len(elements)):
+                cells[k] = elements[k]
+        return store_all
+
+    def store(cells, value):
+        cells[0] = value
+    return store
+
+
+@overload(cell_load)
+def _cell_load(cells, like):
+    if not isinstance(cells, types.Array):
+        return None
+    if _is_local_matrix(like):
+        mty = types.unliteral(like)
+        parts = "".join(f"cells[{k}], " for k in range(mty.count))
+        return _generated("load", "cells, like", f"matrix_from_tuple(({parts}), mty)",
+                          matrix_from_tuple=matrix_from_tuple, mty=mty)
+    return lambda cells, like: cells[0]
+
+
 @intrinsic
 def reduction_cell(typingctx, buf, k, like):
     if not (isinstance(buf, FieldType) and isinstance(k, types.IntegerLiteral)):
         return None
     ty = _checked_scalar(like)
-    arrty = types.Array(ty, 1, "C")
+    count = like.count if _is_local_matrix(like) else 1
+    arrty = types.Array(ty, 1, "A")
 
     def codegen(context, builder, sig, args):
         bufty = sig.args[0]
@@ -221,8 +294,8 @@ def reduction_cell(typingctx, buf, k, like):
         itemsize = context.get_abi_sizeof(dtype_ll)
         intp = context.get_value_type(types.intp)
         ary = context.make_array(arrty)(context, builder)
-        context.populate_array(ary, data=builder.bitcast(raw, dtype_ll.as_pointer()), shape=[intp(1)],
-                               strides=[intp(itemsize)], itemsize=intp(itemsize), meminfo=None)
+        context.populate_array(ary, data=builder.bitcast(raw, dtype_ll.as_pointer()), shape=[intp(count)],
+                               strides=[intp(CELL_BYTES)], itemsize=intp(itemsize), meminfo=None)
         return ary._getvalue()
 
     return arrty(buf, k, like), codegen

@@ -64,8 +64,6 @@ def _count(builder, start, stop, step):
     return builder.select(positive, builder.sdiv(num, den), zero)
 
 
-
-
 def _i64(context, builder, ty, value):
     return context.cast(builder, value, ty, I64)
 
@@ -169,7 +167,8 @@ def space_index(typingctx, space, flat):
             count = _count(builder, *dims[d])
             ks[d] = builder.srem(rest, count)
             rest = builder.sdiv(rest, count)
-        ks[0] = rest
+        if ndim:                    # a 0-d space (a 0-d field's struct-for) has one point, ()
+            ks[0] = rest
         idx = [builder.add(dims[d][0], builder.mul(ks[d], dims[d][2])) for d in range(ndim)]
         return context.make_tuple(builder, types.UniTuple(I64, ndim), idx)
 

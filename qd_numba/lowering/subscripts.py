@@ -13,6 +13,7 @@ from numba.core import types
 from numba.extending import overload
 
 from .. import math as qd_math
+from ..errors import QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
 from .atomic_cas import element_cas
@@ -96,6 +97,8 @@ def _is_data(ty):
 
 @overload(as_index_tuple)
 def _as_index_tuple(i):
+    if has_vector_index(i):
+        return lambda i: flat_index(i)
     if isinstance(i, types.Integer):
         return lambda i: (i,)
     if isinstance(i, types.BaseTuple):
@@ -234,6 +237,72 @@ _ = element_store  # re-exported for the passes
 
 def _int_vector(ty):
     return _is_matrix(ty) and ty.is_vector and isinstance(ty.dtype, types.Integer)
+
+
+def has_vector_index(idx) -> bool:
+    """A tuple index with integer vectors among its items (``x[I, 1]``, ``x[0, I]``)."""
+    return isinstance(idx, types.BaseTuple) and any(_int_vector(t) for t in idx)
+
+
+def flat_index(idx):
+    """The index tuple of ``x[I, 1]``: each vector item spread into its components."""
+    _compiled_only()
+
+
+@overload(flat_index)
+def _flat_index(idx):
+    if not has_vector_index(idx):
+        return None
+    parts = [f"matrix_to_tuple(idx[{k}])" if _int_vector(t) else f"(idx[{k}],)" for k, t in enumerate(idx)]
+    namespace = {"matrix_to_tuple": matrix_to_tuple}
+    exec(f"def flat(idx):\n    return {' + '.join(parts)}\n", namespace)  # one tuple expression per index type
+    return namespace["flat"]
+
+
+@overload(operator.getitem)
+def _data_getitem_mixed_index(x, idx):
+    """``x[I, 1]`` on a field or ndarray: Quadrants spreads a vector index into its components."""
+    if isinstance(x, (types.Array, FieldType)) and has_vector_index(idx):
+        return lambda x, idx: x[flat_index(idx)]
+    return None
+
+
+@overload(operator.setitem)
+def _data_setitem_mixed_index(x, idx, value):
+    if isinstance(x, (types.Array, FieldType)) and has_vector_index(idx):
+        def store(x, idx, value):
+            x[flat_index(idx)] = value
+        return store
+    return None
+
+
+def spread_item(seq, k, count):
+    """Item ``k`` of ``seq`` spread into a call ``f(*seq)`` that takes ``count`` items."""
+    _compiled_only()
+
+
+@overload(spread_item)
+def _spread_item(seq, k, count):
+    if not (isinstance(k, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
+        return None
+    size = seq.count if _is_matrix(seq) else len(seq) if isinstance(seq, types.BaseTuple) else None
+    if size is None:
+        return None
+    if size != count.literal_value:
+        raise typing_error(QuadrantsTypeError(
+            f"a qd.func call with *args passes {size} values to {count.literal_value} positional parameters"))
+    index = k.literal_value
+    if _is_matrix(seq):
+        return lambda seq, k, count: matrix_to_tuple(seq)[index]
+    return lambda seq, k, count: seq[index]
+
+
+@overload(tuple)
+def _vector_as_tuple(v):
+    """``tuple(I)``, as ``x[*I, 1]`` spells it, for an integer vector."""
+    if _int_vector(v):
+        return lambda v: matrix_to_tuple(v)
+    return None
 
 
 @overload(operator.getitem)

@@ -5,7 +5,9 @@
 * A branch whose condition is compile-time known becomes a jump; unreachable blocks are
   removed (so the dead side of ``if qd.static(...)`` is never typed).
 * ``for x in qd.static(iterable)`` is unrolled: one copy of the body per element, with the
-  loop target bound to that element (ints, fields, funcs, tuples of them).
+  loop target bound to that element (ints, fields, funcs, tuples of them). A ``for`` over a
+  Python list or tuple without ``qd.static`` is an error, and so is ``in`` / ``not in``
+  outside ``qd.static`` (as in Quadrants); what only a folded ``qd.static`` read is removed.
 * ``qd.static_print(...)`` prints and ``qd.static_assert(cond, msg)`` checks, once per
   compile, after unrolling (so each unrolled copy prints its own values); both calls are
   removed. The CUDA compile check (a second compile on the CPU arch) does not print again.
@@ -16,7 +18,9 @@ block that calls ``iternext``; see :func:`bypass_jump_only_headers`), for itself
 
 from __future__ import annotations
 
-from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
+import operator
+
+from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsTypeError
 from ..lang import static as qd_static
 from ..lang import static_assert as qd_static_assert
 from ..lang import static_print as qd_static_print
@@ -43,24 +47,36 @@ class FoldStatic:
 
     def run(self, state) -> bool:
         changed = bypass_jump_only_headers(state)
-        changed |= self._fold_calls(state)
-        changed |= self._fold_branches(state)
+        changed |= _split_negated_membership(state)
+        _reject_runtime_sequence_loops(state)
+        changed |= self._fold_calls(state, strict=False)
+        # a qd.static(...) that reads the target of a static loop folds once the loop is unrolled
         while self._unroll_one_loop(state):
+            self._fold_calls(state, strict=False)
             changed = True
+        changed |= self._fold_calls(state, strict=True)
+        _reject_runtime_membership(state)
+        changed |= self._fold_branches(state)
         changed |= self._run_static_prints_and_asserts(state)
         if changed:
             state.refresh_definitions()
         return changed
 
     # -- qd.static(...) calls -------------------------------------------------------------
-    def _fold_calls(self, state) -> bool:
+    def _fold_calls(self, state, strict: bool) -> bool:
+        """Fold the ``qd.static`` calls known at compile time; with ``strict``, an unknown one is
+        an error."""
         ir = state.ir
         changed = False
         state.refresh_definitions()
+        inputs = set()
         for block, k, stmt, fn in _static_calls(state):
             if fn is not qd_static:
                 continue
+            inputs |= _computed_from(state, stmt.value.args)
             value = try_static(state, stmt.target, permissive=True)
+            if value is MISSING and not strict:
+                continue
             if value is MISSING:
                 raise state.error(QuadrantsSyntaxError,
                                   "the argument of qd.static() must be known at compile time", stmt.loc)
@@ -69,7 +85,7 @@ class FoldStatic:
             block.body[k] = ir.Assign(const, stmt.target, stmt.loc)
             changed = True
         if changed:
-            state.refresh_definitions()
+            _remove_dead_inputs(state, inputs)
         return changed
 
     # -- qd.static_print / qd.static_assert ----------------------------------------------------
@@ -144,12 +160,15 @@ class FoldStatic:
             copies.append(mapping)
             entries.append(mapping[shape.body_entry])
         private = _body_private_names(ir, blocks, shape, body_labels)
+        # a new name must be no name of the IR: Scope.redefine hands back names the IR already
+        # uses when they are not in the scope's table, and replace_vars follows chains of renames
+        taken = private | {v.name for b in blocks.values() for stmt in b.body for v in stmt.list_vars()}
         scope = blocks[shape.body_entry].scope
         for n, (value, mapping) in enumerate(zip(values, copies)):
             continue_to = entries[n + 1] if n + 1 < len(values) else shape.exit
             # each copy gets its own names for variables that live only in the body, so every
             # copy's loop target (a field, a func) has a single definition later passes can follow
-            renames = {name: scope.redefine(name, shape.loc) for name in sorted(private)}
+            renames = {name: _fresh(scope, name, taken, shape.loc) for name in sorted(private)}
             for lbl in body_labels:
                 new = copy_ir(ir, blocks[lbl])
                 retarget(ir, new, {**mapping, shape.header: continue_to})
@@ -164,6 +183,95 @@ class FoldStatic:
         for lbl in shape.body:
             del blocks[lbl]
         remove_unreachable(state)
+
+
+def _computed_from(state, args) -> set:
+    """Names of the variables ``args`` are computed from (the inputs of a ``qd.static`` call)."""
+    work, seen = list(args), set()
+    while work:
+        var = work.pop()
+        if var.name not in seen:
+            seen.add(var.name)
+            definition = state.definition(var)
+            work.extend(definition.list_vars() if isinstance(definition, state.ir.Expr) else ())
+    return seen
+
+
+def _remove_dead_inputs(state, inputs: set) -> None:
+    """Drop what only a folded ``qd.static`` read: Python evaluated it at compile time, so it
+    needs no Numba type (``qd.static(k in SIZES)`` with a global list ``SIZES``)."""
+    ir = state.ir
+    while True:
+        state.refresh_definitions()
+        used = {v.name for b in state.func_ir.blocks.values() for s in b.body for v in s.list_vars()
+                if not (isinstance(s, ir.Assign) and v is s.target)}
+        dead = False
+        for block in state.func_ir.blocks.values():
+            keep = [s for s in block.body if not (isinstance(s, ir.Assign) and s.target.name in inputs
+                                                  and s.target.name not in used and s.target.is_temp)]
+            dead |= len(keep) != len(block.body)
+            block.body = keep
+        if not dead:
+            return
+
+
+_BUILT_SEQUENCES = {"build_list": "list", "build_tuple": "tuple"}
+
+
+def _reject_runtime_sequence_loops(state) -> None:
+    """A ``for`` over a Python list or tuple is compile-time only (``qd.static``), as in Quadrants."""
+    ir = state.ir
+    cfg = state.tools.analysis.compute_cfg_from_blocks(state.func_ir.blocks)
+    state.refresh_definitions()
+    for header, loop in cfg.loops().items():
+        shape = loop_shape(state, header, loop)
+        if shape is None:
+            continue
+        d = state.definition(shape.iterable)
+        if isinstance(d, (ir.Const, ir.Global, ir.FreeVar)):
+            kind = type(d.value).__name__ if isinstance(d.value, (list, tuple)) else None
+        else:
+            kind = _BUILT_SEQUENCES.get(d.op) if isinstance(d, ir.Expr) else None
+        if kind is not None:
+            raise state.error(QuadrantsTypeError,
+                              f"cannot loop over a {kind} at run time in a kernel: only fields, "
+                              "ndarrays, range(), qd.ndrange() and qd.grouped() are; unroll a loop over a "
+                              "Python list or tuple with 'for v in qd.static(...)'", shape.loc)
+
+
+def _split_negated_membership(state) -> bool:
+    """Numba spells ``a not in b`` as ``t = b contains a; t = not t``: give the first ``t`` a
+    name of its own, so that ``qd.static(a not in b)`` has one definition to evaluate."""
+    ir = state.ir
+    changed = False
+    for block in state.func_ir.blocks.values():
+        for k, stmt in enumerate(block.body[1:], 1):
+            prev = block.body[k - 1]
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "unary" \
+                    and stmt.value.fn is operator.not_ and stmt.value.value.name == stmt.target.name \
+                    and isinstance(prev, ir.Assign) and prev.target.name == stmt.target.name:
+                fresh = block.scope.redefine("$qd_contains", prev.loc)
+                block.body[k - 1] = ir.Assign(prev.value, fresh, prev.loc)
+                stmt.value.value = fresh
+                changed = True
+    if changed:
+        state.refresh_definitions()
+    return changed
+
+
+def _reject_runtime_membership(state) -> None:
+    """``in`` / ``not in`` are compile-time only (inside ``qd.static``), as in Quadrants."""
+    ir = state.ir
+    negated = {stmt.value.value.name for block in state.func_ir.blocks.values() for stmt in block.body
+               if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "unary"
+               and stmt.value.fn is operator.not_}
+    for block in state.func_ir.blocks.values():
+        for stmt in block.body:
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "binop" \
+                    and stmt.value.fn is operator.contains:
+                name = "not in" if stmt.target.name in negated else "in"
+                raise state.error(QuadrantsSyntaxError,
+                                  f"'{name}' is only supported inside qd.static(...) in a kernel", stmt.loc)
 
 
 def _static_print(state, call, loc) -> None:
@@ -236,6 +344,14 @@ def _body_private_names(ir, blocks, shape, body_labels) -> set:
             for stmt in block.body:
                 outside.update(v.name for v in stmt.list_vars())
     return defined - outside
+
+
+def _fresh(scope, name, taken: set, loc):
+    while True:
+        var = scope.redefine(name, loc)
+        if var.name not in taken:
+            taken.add(var.name)
+            return var
 
 
 def _constant(ir, value, loc, name):

@@ -8,8 +8,11 @@ calls (they compile as ordinary Numba functions). Recursion is a QuadrantsSyntax
 
 from __future__ import annotations
 
+import inspect
+
 from ..errors import QuadrantsSyntaxError
 from ..frontend.objects import QdFunc
+from ..lowering.subscripts import spread_item
 from .base import MISSING, try_static
 
 
@@ -37,6 +40,10 @@ class InlineFuncs:
                         chain = " -> ".join(f.name for f in (*stack, callee))
                         raise state.error(QuadrantsSyntaxError,
                                           f"recursive qd.func calls are not supported ({chain})", stmt.loc)
+                    if stmt.value.vararg is not None:
+                        _spread_vararg(state, block, stmt, callee)
+                        state.refresh_definitions()
+                        i = block.body.index(stmt)
                     self._inline(state, label, block, i, callee, stack)
                     changed = progress = True
                     break
@@ -55,3 +62,34 @@ class InlineFuncs:
         for new_label, _ in new_blocks:
             # the caller's continuation keeps the caller's stack; the callee's blocks add the callee
             state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack
+
+
+def _spread_vararg(state, block, stmt, callee) -> None:
+    """``f(a, *I)``: Numba inlines no call with ``*args``, so pass ``I``'s items one by one, as
+    many as ``f`` has positional parameters left (``spread_item`` checks ``I``'s length)."""
+    ir = state.ir
+    call = stmt.value
+    params = inspect.signature(callee.fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        raise state.error(QuadrantsSyntaxError, f"calling qd.func '{callee.name}', which takes *args, with *args "
+                          "is not supported", stmt.loc)
+    positional = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                     for p in params)
+    count = positional - len(call.args) - len(call.kws)
+    scope, loc = block.scope, call.loc
+    fn = scope.redefine("$qd_spread_item", loc)
+    new = [ir.Assign(ir.Global("spread_item", spread_item, loc), fn, loc)]
+    consts = []
+    for value in (*range(count), count):
+        var = scope.redefine("$qd_spread_const", loc)
+        new.append(ir.Assign(ir.Const(value, loc), var, loc))
+        consts.append(var)
+    items = []
+    for k in range(count):
+        item = scope.redefine("$qd_spread", loc)
+        new.append(ir.Assign(ir.Expr.call(fn, [call.vararg, consts[k], consts[-1]], (), loc), item, loc))
+        items.append(item)
+    at = block.body.index(stmt)
+    block.body[at:at] = new
+    call.args = [*call.args, *items]
+    call.vararg = None

@@ -11,17 +11,20 @@ loop (``range``, ``qd.ndrange``, ``qd.grouped``, struct-for over a field/ndarray
    :class:`Task` — for the loops every run of the kernel reaches once; a top-level loop under
    runtime control flow (an ``if``, a ``while``) is canonicalised but stays serial code.
 
-PlanTasks (passes/plan_tasks.py) then adds the serial Tasks. Rejected here: ``break``/``return``
-out of a parallel loop, a loop target count that does not match the space, and locals assigned
-inside a parallel loop but read after it (except the kernel-scope reductions
-that ReduceAtomics, passes/reductions.py, rewrites).
+A serialised loop (``qd.loop_config(serialize=True)`` or ``parallelize=1``) that ``break``s out
+or whose locals are read after it is not a task: it runs as serial code, in order.
+
+PlanTasks (passes/plan_tasks.py) then adds the serial Tasks. Rejected here: ``return`` out of a
+top-level loop, ``break`` out of a parallel one, a loop target count that does not match the
+space, and locals assigned inside a parallel loop but read after it (except the kernel-scope
+reductions that ReduceAtomics, passes/reductions.py, rewrites).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..errors import QuadrantsSyntaxError
+from ..errors import QuadrantsIndexError, QuadrantsSyntaxError
 from ..field import ArrayData
 from ..lang import grouped as qd_grouped
 from ..lang import loop_config as qd_loop_config
@@ -66,41 +69,44 @@ class Offload:
         loops = sorted(analysis.find_top_level_loops(cfg), key=lambda lp: cfg.topo_order().index(lp.header))
         launched = launched_headers(state)
         state.loops, state.tasks = [], []
-        preheaders, grouped = [], []
+        preheaders, candidates = [], []
         for loop in loops:
             shape = loop_shape(state, loop.header, loop)
             if shape is None:  # a top-level while loop: serial code
                 continue
-            is_task = shape.header in launched
-            if is_task:
-                self._check_exits(state, shape, loop)
             serialize = self._take_loop_config(state, shape)
+            # a serialised loop that leaves early runs as serial code: one thread, in order
+            is_task = shape.header in launched and not self._check_exits(state, shape, serialize)
             # every top-level loop gets a canonical iteration space; one under runtime control
             # flow then runs as an ordinary serial loop inside its serial task
             info = self._canonicalize(state, shape)
             preheaders.append(shape.preheader)
-            if not is_task:
-                continue
-            index = len(state.tasks)
-            state.loops.append(OffloadedLoop(index, shape.header, set(shape.body), shape.preheader, shape.exit,
-                                             shape.iternext.value.value, info["space"], info["total"],
-                                             info["plumbing"], info["setup"]))
+            if is_task:
+                lp = OffloadedLoop(-1, shape.header, set(shape.body), shape.preheader, shape.exit,
+                                   shape.iternext.value.value, info["space"], info["total"],
+                                   info["plumbing"], info["setup"])
+                candidates.append((lp, shape, info, serialize))
+        # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
+        # it would make the pass quadratic in the number of loops
+        remove_dead_pure(state, preheaders)
+        grouped = []
+        for lp, shape, info, serialize in self._check_live_outs(state, candidates):
+            index = lp.task_index = len(state.tasks)
+            state.loops.append(lp)
             grouped.append(info["grouped"])
             state.tasks.append(Task.make(task_prefix(state), index, "range_for",
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
                                          header=shape.header, body=frozenset(shape.body)))
-        # what canonicalisation left dead (``range(n)`` ...), once for all preheaders: per loop
-        # it would make the pass quadratic in the number of loops
-        remove_dead_pure(state, preheaders)
-        self._check_live_outs(state)
         state.refresh_definitions()
         state.tasks = [task.renumbered(task.index, bounds=task_bounds(state, lp.space_var, grouped=g))
                        for task, lp, g in zip(state.tasks, state.loops, grouped)]
         return bypassed or bool(preheaders)
 
     # -- checks ----------------------------------------------------------------------------
-    def _check_exits(self, state, shape, loop):
+    def _check_exits(self, state, shape, serialize: bool) -> bool:
+        """Whether a ``break`` leaves the loop (allowed when it is serialised); ``return`` never is."""
         ir = state.ir
+        leaves = False
         for lbl in shape.body:
             for stmt in state.func_ir.blocks[lbl].body:
                 if isinstance(stmt, ir.Return):
@@ -112,9 +118,13 @@ class Offload:
                 [term.truebr, term.falsebr] if isinstance(term, ir.Branch) else []
             for t in targets:
                 if t not in shape.body and not (lbl == shape.header and t == shape.exit):
-                    raise state.error(QuadrantsSyntaxError,
-                                      "'break' out of a parallel (top-level) for loop is not supported; "
-                                      "put the loop inside a serial loop or use a flag", term.loc)
+                    if not serialize:
+                        raise state.error(QuadrantsSyntaxError,
+                                          "'break' out of a parallel (top-level) for loop is not supported; "
+                                          "serialise the loop (qd.loop_config(serialize=True)), put it inside "
+                                          "a serial loop or use a flag", term.loc)
+                    leaves = True
+        return leaves
 
     def _take_loop_config(self, state, shape) -> bool:
         """Remove a ``qd.loop_config(...)`` call placed before the loop; return ``serialize``."""
@@ -123,18 +133,22 @@ class Offload:
         for k, stmt in enumerate(pre.body):
             if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call" \
                     and try_static(state, stmt.value.func) is qd_loop_config:
-                kws = dict(stmt.value.kws)
-                serialize = try_static(state, kws["serialize"]) if "serialize" in kws else False
+                kws = {key: try_static(state, var) for key, var in stmt.value.kws}
                 pre.body[k] = ir.Assign(ir.Const(None, stmt.loc), stmt.target, stmt.loc)
-                return bool(serialize) and serialize is not MISSING
+                # ``parallelize=1`` is Quadrants' other spelling of ``serialize=True``
+                serialize, threads = kws.get("serialize", False), kws.get("parallelize")
+                return (bool(serialize) and serialize is not MISSING) or (threads == 1 and threads is not MISSING)
         return False
 
-    def _check_live_outs(self, state):
-        """Locals assigned in a parallel loop are per-thread: reading them afterwards is an error."""
+    def _check_live_outs(self, state, candidates) -> list:
+        """Locals assigned in a parallel loop are per-thread: reading them afterwards is an error.
+        A serialised loop whose locals are read afterwards runs as serial code instead (one
+        thread, in order, as its program says). Returns the candidates that stay tasks."""
         ir = state.ir
         blocks = state.func_ir.blocks
         liveness = Liveness(state.tools.analysis, ir, blocks)   # one for the kernel, linear in its IR
-        for lp in state.loops:
+        tasks = []
+        for lp, shape, info, serialize in candidates:
             defined = {}
             for lbl in lp.body:
                 for stmt in blocks[lbl].body:
@@ -142,12 +156,17 @@ class Offload:
                         defined.setdefault(stmt.target.name, stmt.loc)
             leaked = [name for name in sorted(liveness.live_at(lp.exit, defined))   # assigned in the body
                       if kernel_scope_reduction(state, lp, name) is None]   # ReduceAtomics rewrites those
+            if leaked and serialize:
+                continue
             if leaked:
                 raise state.error(
                     QuadrantsSyntaxError,
                     f"local variable '{leaked[0]}' is assigned inside a parallel for loop and read after it; "
-                    "loop iterations run in parallel, so store results in a field (0-d fields: x[None])",
+                    "loop iterations run in parallel, so store results in a field (0-d fields: x[None]), "
+                    "update it with +=, qd.atomic_min/max, or serialise the loop",
                     defined[leaked[0]])
+            tasks.append((lp, shape, info, serialize))
+        return tasks
 
     # -- canonical iteration spaces ------------------------------------------------------------
     def _canonicalize(self, state, shape):
@@ -247,6 +266,10 @@ class Offload:
                 raise state.error(QuadrantsSyntaxError,
                                   f"a loop over {ndim} dimensions needs {ndim} targets (for i, j in ...) "
                                   "or qd.grouped(...)", first.loc)
-        else:
+        elif is_grouped or ndim == 1:
             return  # the loop target is never read (``for _ in range(n)``): nothing to bind
+        else:       # ``for _ in x`` over a 0-d or 2-d x: one target, as Quadrants, is an error
+            raise state.error(QuadrantsIndexError,
+                              f"a loop over {ndim} dimensions needs {ndim} targets (for i, j in ...) "
+                              "or qd.grouped(...)", loc)
         entry.body[:0] = prologue

@@ -12,10 +12,10 @@ an associative, commutative op (``+=``/``-=``, ``qd.atomic_add/sub/min/max``):
   all of ``G``'s indices are constants: ``out[1] += v; qd.atomic_max(out[2], v)``). Off with
   ``warp_reduce=False`` (``QD_WARP_REDUCE=0``);
 * **kernel-scope locals**: ``s = 0.0; for i in x: s += x[i]; return s`` — a local assigned
-  before the loop whose every mention in the loop is ``s += v``/``s -= v`` or
-  ``qd.atomic_<op>(s, v)`` with the old value unused, and read after the loop (Offload
-  accepts it through :func:`kernel_scope_reduction`; any other assignment to such a local stays
-  Offload's error). Always on: it is what the program means.
+  before the loop whose every mention in the loop is ``s += v``/``s -= v``,
+  ``qd.atomic_<op>(s, v)`` with the old value unused, or ``m = qd.max(m, v)`` / ``qd.min``,
+  and read after the loop (Offload accepts it through :func:`kernel_scope_reduction`; any
+  other assignment to such a local stays Offload's error). Always on: it is what the program means.
 
 The rewrite, per reduction, keeps the loop a plain task of every target:
 
@@ -26,9 +26,10 @@ The rewrite, per reduction, keeps the loop a plain task of every target:
 * a *combine block*, new in the loop's body, runs once per chunk (CPU) or thread (CUDA)
   after the loop: ``reduce_combine(G, I, p, op, warp)`` — one atomic per chunk, or per warp on
   CUDA after a shuffle reduction (lowering/reduce.py);
-* a kernel-scope local lives in a cell of a ``u64`` field the pass creates (one 8-byte cell
-  per reduction): the preheader stores ``s`` into it, the combine updates it, and the loop's
-  exit reads ``s`` back.
+* a kernel-scope local lives in cells of a ``u64`` field the pass creates (a block of
+  ``CELLS_PER_LOCAL`` 8-byte cells per reduction: a vector or matrix local takes one per
+  element, reduced element by element): the preheader stores ``s`` into them, the combine
+  updates them, and the loop's exit reads ``s`` back.
 
 Never touches serial code other than the preheader and the head of the loop's exit.
 """
@@ -39,6 +40,7 @@ import dataclasses
 import operator
 
 from .. import dtypes
+from .. import math as qd_math
 from ..field import Field
 from ..lowering import array_access
 from ..lowering import reduce as rd
@@ -48,6 +50,7 @@ from .ir_builder import retarget, successors
 from .plan_tasks import _assignments
 
 _INPLACE_OPS = {operator.iadd: "add", operator.isub: "sub"}
+_EXTREMA = {max: "max", min: "min", qd_math.max: "max", qd_math.min: "min"}   # ``m = qd.max(m, v)``
 _REDUCIBLE = frozenset(rd.COMBINE_OP)
 _INVARIANT_OPS = ("binop", "unary", "build_tuple", "cast", "static_getitem", "getattr")
 
@@ -119,10 +122,13 @@ def kernel_scope_reduction(state, lp, name: str, uses=None):
             if found is None:
                 continue
             value, op = found
-            store = next((s for s in body[k + 1:] if isinstance(s, ir.Assign) and s.target.name == name
-                          and isinstance(s.value, ir.Var) and s.value.name == stmt.target.name), None)
-            if store is None or uses.get(stmt.target.name, 0) != 1:
-                return None
+            if stmt.target.name == name:     # ``m = qd.max(m, v)`` stores the call's value directly
+                store = stmt
+            else:
+                store = next((s for s in body[k + 1:] if isinstance(s, ir.Assign) and s.target.name == name
+                              and isinstance(s.value, ir.Var) and s.value.name == stmt.target.name), None)
+                if store is None or uses.get(stmt.target.name, 0) != 1:
+                    return None
             sites.append(_LocalSite(stmt, store, value, op))
             allowed.update((id(stmt), id(store)))
     if not sites or len({rd.COMBINE_OP[s.op] for s in sites}) != 1:
@@ -146,10 +152,16 @@ def _exits_directly(state, lp) -> bool:
 
 
 def _local_update(state, stmt, name):
-    """(operand, op) if ``stmt`` computes ``name op operand`` as ``+=``/``-=`` or qd.atomic_<op>."""
+    """(operand, op) if ``stmt`` computes ``name op operand`` as ``+=``/``-=``, qd.atomic_<op>,
+    or ``qd.max(name, operand)`` / ``qd.min`` (builtin ``max``/``min`` too, either order)."""
     expr = stmt.value
     if expr.op == "inplace_binop" and expr.fn in _INPLACE_OPS and expr.lhs.name == name:
         return expr.rhs, _INPLACE_OPS[expr.fn]
+    if expr.op == "call" and len(expr.args) == 2 and not expr.kws and expr.vararg is None \
+            and [a.name for a in expr.args].count(name) == 1:
+        op = _EXTREMA.get(try_static(state, expr.func))
+        if op is not None:
+            return next(a for a in expr.args if a.name != name), op
     if expr.op == "call" and len(expr.args) == 3 and expr.args[0].name == name \
             and try_static(state, expr.func) is sub_impl.apply_op:
         op = try_static(state, expr.args[2])
@@ -335,7 +347,7 @@ class ReduceAtomics:
                 found = kernel_scope_reduction(state, lp, name, uses)
                 if found is not None:
                     locals_.append((name, found, cells))
-                    cells += 1
+                    cells += rd.CELLS_PER_LOCAL     # the type is not known yet: room for a vector
             if sites or locals_:
                 plans.append((lp, loop, sites, locals_))
         if not plans:
@@ -360,10 +372,8 @@ class ReduceAtomics:
                 if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr)):
                     continue
                 expr = stmt.value
-                first = expr.lhs if expr.op == "inplace_binop" else \
-                    expr.args[0] if expr.op == "call" and expr.args else None
-                if first is not None and not state.is_temp(first) and _local_update(state, stmt, first.name):
-                    out.add(first.name)
+                named = [expr.lhs] if expr.op == "inplace_binop" else expr.args if expr.op == "call" else []
+                out.update(v.name for v in named if not state.is_temp(v) and _local_update(state, stmt, v.name))
         return out
 
     @staticmethod
@@ -375,7 +385,7 @@ class ReduceAtomics:
 
     @staticmethod
     def _cell_field(state, cells: int):
-        """A ``u64`` field of one 8-byte cell per kernel-scope reduction, as a hidden argument."""
+        """A ``u64`` field of 8-byte cells (a block per kernel-scope reduction), as a hidden argument."""
         field = Field(dtypes.u64, (cells,), name=f"{state.kernel_name}.reductions")
         return hidden_argument(state, field, state.func_ir.blocks[min(state.func_ir.blocks)].loc)
 
@@ -404,18 +414,18 @@ class ReduceAtomics:
             partial = scope.redefine("$qd_partial", loc)
             op = rd.COMBINE_OP[local_sites[0].op]
             stored = serial.call(rd.reduction_cell, [buf, serial.const(cell), local])
-            serial.out.append(ir.SetItem(stored, serial.const(0), local, loc))
+            serial.call(rd.cell_store, [stored, local])
             init.call(rd.reduce_identity, [local, init.const(op)], partial)
             for s in local_sites:
                 step = _Emitter(state, scope, s.update.loc)
                 step.call(rd.reduce_step, [partial, s.value, step.const(s.op)], partial)
-                replace[id(s.update)] = step.out
                 replace[id(s.store)] = []
+                replace[id(s.update)] = step.out     # after: the update may be the store itself
             target = combine.call(rd.reduction_cell, [buf, combine.const(cell), partial])
             combine.call(rd.reduce_combine, [target, combine.const(0), partial, combine.const(op),
                                              combine.const(warp)])
             read = after.call(rd.reduction_cell, [buf, after.const(cell), local])
-            after.out.append(ir.Assign(ir.Expr.getitem(read, after.const(0), loc), local, loc))
+            after.call(rd.cell_load, [read, local], local)
         for lbl in lp.body:
             block = blocks[lbl]
             body = []

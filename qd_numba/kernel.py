@@ -22,6 +22,7 @@ from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError,
 from .frontend.args import Param, evaluate_annotation, param_kind
 from .frontend.diagnostics import run_frontend
 from .frontend.objects import KernelObject, QdFunc, func  # noqa: F401  (qd.func lives with the objects passes see)
+from .frontend.real_func import forget_real_funcs
 from .targets.base import target_for
 
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
@@ -43,6 +44,7 @@ def forget_compiled() -> None:
     configuration, e.g. ``debug`` or another arch, changes the code kernels compile to)."""
     for kernel in list(_KERNELS):
         kernel._forget()
+    forget_real_funcs()
 
 
 runtime.on_init(forget_compiled)

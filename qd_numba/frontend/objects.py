@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import QuadrantsSyntaxError
 from .diagnostics import run_frontend
+from .real_func import real_func
 
 
 class KernelObject:
@@ -37,7 +38,9 @@ class QdFunc:
 
 
 def func(fn=None, *, is_real_function=False):
-    """Decorator: a function inlined into kernels (arguments, return values, templates)."""
+    """Decorator: a function inlined into kernels (arguments, return values, templates);
+    ``is_real_function=True`` is ``@qd.real_func`` (frontend/real_func.py)."""
+    make = real_func if is_real_function else QdFunc
     if fn is None:
-        return lambda f: QdFunc(f)
-    return QdFunc(fn)
+        return make
+    return make(fn)

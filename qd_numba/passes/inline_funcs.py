@@ -2,14 +2,16 @@
 
 Funcs are inlined at the IR level, before offloading, so that a top-level loop inside a
 func called at the top level of a kernel still becomes a task, and fields/static values
-inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions are left as
-calls (they compile as ordinary Numba functions). Recursion is a QuadrantsSyntaxError.
+inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions and
+``@qd.real_func`` functions are left as calls (frontend/real_func.py); a real function in a
+differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError.
 """
 
 from __future__ import annotations
 
 from ..errors import QuadrantsSyntaxError
 from ..frontend.objects import QdFunc
+from ..frontend.real_func import QdRealFunc
 from .base import MISSING, try_static
 
 
@@ -30,6 +32,9 @@ class InlineFuncs:
                             and stmt.value.op == "call"):
                         continue
                     callee = try_static(state, stmt.value.func)
+                    if isinstance(callee, QdRealFunc) and state.autodiff_mode is not None:
+                        raise state.error(QuadrantsSyntaxError, f"qd.real_func '{callee.name}' cannot be "
+                                          "called in a differentiated kernel (Quadrants' rule too)", stmt.loc)
                     if callee is MISSING or not isinstance(callee, QdFunc):
                         continue
                     stack = state.block_stacks.get(label, ())

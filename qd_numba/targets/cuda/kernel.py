@@ -136,6 +136,8 @@ class CudaKernel(KernelBackend):
     def _build(self, args, views):
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
+        # another helper adds the option to config.py; 0 (the driver's default) until then
+        CudaRuntime.get().apply_stack_limit(getattr(config.current, "cuda_stack_limit", 0))
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "cuda"):
                 return build_plan(kernel, param_types, templates)

@@ -17,9 +17,9 @@ import inspect
 import threading
 import weakref
 
-from . import config, dtypes, runtime
+from . import config, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
-from .frontend.args import Param, evaluate_annotation, param_kind
+from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
 from .frontend.diagnostics import run_frontend
 from .frontend.objects import KernelObject, QdFunc, func  # noqa: F401  (qd.func lives with the objects passes see)
 from .frontend.real_func import forget_real_funcs
@@ -73,7 +73,7 @@ class Kernel(KernelObject):
         self.return_type = None
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is not inspect.Signature.empty and returns is not None:
-            self.return_type = dtypes.to_numba(returns)
+            self.return_type = return_type_of(self.name, returns)
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None

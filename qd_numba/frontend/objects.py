@@ -5,6 +5,8 @@ they live below the passes, so passes never import the kernel module.
 
 from __future__ import annotations
 
+import inspect
+
 from ..errors import QuadrantsSyntaxError
 from .diagnostics import run_frontend
 from .real_func import real_func
@@ -23,6 +25,9 @@ class QdFunc:
         self.fn = fn
         self.name = fn.__qualname__
         self._ir = {}
+        # a return annotation promises a value on every path (passes/inline_funcs.py checks)
+        returns = inspect.signature(fn).return_annotation
+        self.return_type = None if returns in (inspect.Signature.empty, None) else returns
 
     def frontend_ir(self, tools):
         key = id(tools.ir)

@@ -13,6 +13,7 @@ from ..errors import QuadrantsSyntaxError
 from ..frontend.objects import QdFunc
 from ..frontend.real_func import QdRealFunc
 from .base import MISSING, try_static
+from .return_rules import return_problem
 
 
 class InlineFuncs:
@@ -53,6 +54,11 @@ class InlineFuncs:
     def _inline(state, label, block, i, callee, stack):
         tools = state.tools
         callee_ir = callee.frontend_ir(tools)
+        if callee.return_type is not None:
+            problem = return_problem(tools, callee_ir, callee.return_type, "qd.func", static_loops=True)
+            if problem is not None:
+                message, loc = problem
+                raise state.error(QuadrantsSyntaxError, f"qd.func '{callee.name}': {message}", loc)
         worker = tools.inline.InlineWorker(validator=None)
         _, callee_blocks, var_dict, new_blocks = worker.inline_ir(
             state.func_ir, block, i, callee_ir, callee.fn.__code__.co_freevars)

@@ -161,3 +161,34 @@ def uses_real_func():
 def test_real_func_in_gradient_kernel_is_error():
     with pytest.raises(qd.QuadrantsSyntaxError, match=r"kernel 'uses_real_func.grad'.*'.*square'.*differentiated"):
         uses_real_func.grad()
+
+
+@qd.real_func
+def sum_down(n: qd.i32) -> qd.i64:
+    if n <= 0:
+        return 0
+    return n + sum_down(n - 1)
+
+
+@qd.kernel
+def deep(a: qd.types.ndarray(dtype=qd.i32, ndim=1), out: qd.types.ndarray(dtype=qd.i64, ndim=1)):
+    for i in a:
+        out[i] = sum_down(a[i]) + fib(a[i] % 20)
+
+
+@pytest.mark.cuda
+def test_recursion_on_the_gpu_with_a_larger_stack(rng):
+    """Recursion 2000 calls deep needs more than the default 1 KiB device stack per thread."""
+    qd.init(arch=qd.cuda, cuda_stack_limit=256 * 1024)
+    try:
+        a = rng.integers(1000, 2000, 64).astype(np.int32)
+        out = np.zeros(64, np.int64)
+        deep(a, out)
+        np.testing.assert_array_equal(out, a.astype(np.int64) * (a + 1) // 2 + [_fib(n % 20) for n in a])
+        out2 = rng.integers(-5, 5, 23).astype(np.int32)
+        a2 = rng.integers(0, 16, 23).astype(np.int32)
+        recursive(a2, np.zeros((23, 4), np.int32))
+        mean_kernel(a2, out2)
+        np.testing.assert_array_equal(out2, np.trunc((a2 + 7) / 2).astype(np.int32))
+    finally:
+        qd.init()

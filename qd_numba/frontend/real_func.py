@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import textwrap
+import types as pytypes
 import weakref
 
 from numba.core import types
@@ -139,15 +141,15 @@ class QdRealFunc:
         must have the declared type already (``n`` and ``fib(n-1) + fib(n-2)``: i32 and i64
         otherwise). Without source (``exec``'d code) the function is compiled as written."""
         if return_type is types.none or isinstance(return_type, MatrixType):
-            return self.fn
+            return _in_a_module(self.fn)
         try:
             source = textwrap.dedent(inspect.getsource(self.fn))
         except (OSError, TypeError):
-            return self.fn
+            return _in_a_module(self.fn)
         tree = ast.parse(source)
         fdef = tree.body[0]
         if not isinstance(fdef, ast.FunctionDef):
-            return self.fn
+            return _in_a_module(self.fn)
         # renamed: under its own name the body's recursive calls would reach this copy, not us
         fdef.name, fdef.decorator_list, fdef.returns = "__qd_body", [], None
         for a in fdef.args.args:
@@ -163,7 +165,7 @@ class QdRealFunc:
         ns = {}
         exec(compile(module, self.fn.__code__.co_filename, "exec"), self.fn.__globals__, ns)
         cells = [c.cell_contents for c in self.fn.__closure__ or ()]
-        return ns["__qd_make"](return_type, *cells)
+        return _in_a_module(ns["__qd_make"](return_type, *cells))
 
     def forget(self) -> None:
         """Drop the compiled functions (``qd.init``: another default_fp/default_ip or arch)."""
@@ -179,6 +181,17 @@ class QdRealFunc:
 
     def __repr__(self):
         return f"<qd.real_func {self.name}>"
+
+
+def _in_a_module(fn):
+    """``fn``, or a copy of it named as being of this module when its own module is not imported
+    (code exec'd in a plain namespace): numba-cuda names such a function "<dynamic>" in one place
+    and by ``__module__`` in another, and a recursive call would not find itself."""
+    if fn.__module__ in sys.modules:
+        return fn
+    copy = pytypes.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__module__ = __name__
+    return copy
 
 
 class _CastReturns(ast.NodeTransformer):

@@ -122,7 +122,7 @@ def return_in_parallel_loop(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32
 def test_return_errors():
     a = np.ones(3, np.float32)
     _raises(qd.QuadrantsSyntaxError, no_annotation, (1.0,), "no return annotation", "return x * 2")
-    _raises(qd.QuadrantsTypeError, vector_for_scalar, (1.0,), "returns a vector", "float32",
+    _raises(qd.QuadrantsTypeError, vector_for_scalar, (1.0,), "returned value is a vector", "float32",
             "return qd.Vector([x, x])")
     _raises(qd.QuadrantsSyntaxError, not_every_path, (1.0,), "does not return a value on every path")
     _raises(qd.QuadrantsSyntaxError, bare_return, (1.0,), "'return' without a value", "    return\n")
@@ -181,3 +181,48 @@ def test_annotated_func_rules(rng):
             "does not return a value on every path")
     a = rng.uniform(-3, 3, 4).astype(np.float32)
     assert calls_static_pick(a) == pytest.approx(float(a[2] + a[3]), rel=1e-6)
+
+
+@qd.func
+def truncated(x) -> qd.i32:
+    return x * 1.5
+
+
+@qd.kernel
+def func_conversion(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+    for i in a:
+        out[i] = truncated(a[i]) + 0.25
+
+
+def test_func_return_converted_to_annotation(rng):
+    a = rng.uniform(-9, 9, 13).astype(np.float32)
+    out = rng.uniform(-1, 1, 13).astype(np.float32)
+    func_conversion(a, out)
+    np.testing.assert_allclose(out, np.trunc(a * np.float32(1.5)) + 0.25, rtol=1e-6)
+
+
+gx = qd.field(qd.f32, shape=(8,), needs_grad=True)
+gloss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+
+@qd.func
+def cube(v) -> qd.f32:
+    return v * v * v
+
+
+@qd.kernel
+def cube_loss():
+    for i in gx:
+        gloss[None] += cube(gx[i])
+
+
+def test_annotated_func_in_a_gradient_kernel(rng):
+    x = rng.uniform(-2, 2, 8).astype(np.float32)
+    gx.from_numpy(x)
+    gloss[None] = 0.0
+    gloss.grad[None] = 1.0
+    gx.grad.fill(0.0)
+    cube_loss()
+    cube_loss.grad()
+    assert gloss[None] == pytest.approx(float((x.astype(np.float64) ** 3).sum()), rel=1e-5)
+    np.testing.assert_allclose(gx.grad.to_numpy(), 3 * x * x, rtol=1e-5)

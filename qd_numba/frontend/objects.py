@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import inspect
 
+from numba.core import types
+
 from ..errors import QuadrantsSyntaxError
+from ..typing.matrix import MatrixType
+from .args import evaluate_annotation
 from .diagnostics import run_frontend
 from .real_func import real_func
 
@@ -28,6 +32,20 @@ class QdFunc:
         # a return annotation promises a value on every path (passes/inline_funcs.py checks)
         returns = inspect.signature(fn).return_annotation
         self.return_type = None if returns in (inspect.Signature.empty, None) else returns
+
+    def value_type(self, cfg):
+        """The Numba type the return annotation converts the returned value to (a scalar or
+        vector/matrix type; ``int``/``float`` as ``cfg`` says), or None: no conversion."""
+        if self.return_type is None:
+            return None
+        annotation = evaluate_annotation(self.fn, self.name, "the return value", self.return_type)
+        if annotation is int:
+            return cfg.default_ip
+        if annotation is float:
+            return cfg.default_fp
+        if annotation is bool or isinstance(annotation, (types.Number, types.Boolean, MatrixType)):
+            return types.boolean if annotation is bool else annotation
+        return None
 
     def frontend_ir(self, tools):
         key = id(tools.ir)

@@ -35,6 +35,6 @@ def _return_value(value, annotation):
         fits = isinstance(value, (types.Number, types.Boolean))
     if not fits:
         raise typing_error(QuadrantsTypeError(
-            f"the kernel returns {_describe(value)} but its return annotation is {wanted}"))
+            f"the returned value is {_describe(value)} but the return annotation is {wanted}"))
     dtype = wanted.dtype if isinstance(wanted, MatrixType) else wanted
     return lambda value, annotation: qd_math.cast(value, dtype)

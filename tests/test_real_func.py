@@ -192,3 +192,25 @@ def test_recursion_on_the_gpu_with_a_larger_stack(rng):
         np.testing.assert_array_equal(out2, np.trunc((a2 + 7) / 2).astype(np.int32))
     finally:
         qd.init()
+
+
+table = qd.field(qd.f32, shape=(4,))
+
+
+@qd.real_func
+def reads_field(i: qd.i32) -> qd.f32:
+    return table[i]
+
+
+@qd.kernel
+def uses_field_in_real_func(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+    for i in a:
+        a[i] = reads_field(i)
+
+
+def test_body_that_does_not_compile_is_our_error():
+    with pytest.raises(qd.QuadrantsTypeError) as info:
+        uses_field_in_real_func(np.zeros(4, np.float32))
+    text = str(info.value)
+    assert "kernel 'uses_field_in_real_func'" in text and "qd.real_func 'reads_field' does not compile" in text
+    assert "'table'" in text

@@ -34,9 +34,10 @@ from numba.core import types
 from numba.core.typing.typeof import typeof_impl
 
 from .. import config
-from ..errors import QuadrantsSyntaxError
+from ..errors import QuadrantsError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
 from ..typing.matrix import MatrixType
 from .args import evaluate_annotation
+from .diagnostics import is_numba_error, numba_report
 
 _REAL_FUNCS: weakref.WeakSet = weakref.WeakSet()
 
@@ -127,12 +128,21 @@ class QdRealFunc:
             sig = self.signature()
             # stored before compiling: the body's recursive calls reach it through the adapter
             impl = self._dispatchers[target] = _make_dispatcher(target, self._body(sig.return_type))
-            if target == "cuda":
-                impl._can_compile = False
-                impl.compile_device(sig.args, sig.return_type)
-            else:
-                impl.compile(sig)
-                impl.disable_compile()
+            try:
+                if target == "cuda":
+                    impl._can_compile = False
+                    impl.compile_device(sig.args, sig.return_type)
+                else:
+                    impl.compile(sig)
+                    impl.disable_compile()
+            except Exception as e:
+                del self._dispatchers[target]
+                if isinstance(e, QuadrantsError) or not is_numba_error(e):
+                    raise
+                # raised inside the caller's typing, which would report an untyped global
+                raise typing_error(QuadrantsTypeError(
+                    f"qd.real_func '{self.name}' does not compile: {numba_report(str(e))}\n(its body may use "
+                    "what @numba.njit code may: no fields, qd.func calls or qd.static)")) from None
         return impl
 
     def _body(self, return_type):

@@ -214,3 +214,48 @@ def test_body_that_does_not_compile_is_our_error():
     text = str(info.value)
     assert "kernel 'uses_field_in_real_func'" in text and "qd.real_func 'reads_field' does not compile" in text
     assert "'table'" in text
+
+
+@qd.real_func
+def is_even(n: qd.i32) -> qd.i32:
+    if n == 0:
+        return 1
+    return is_odd(n - 1)
+
+
+@qd.real_func
+def is_odd(n: qd.i32) -> qd.i32:
+    if n == 0:
+        return 0
+    return is_even(n - 1)
+
+
+@qd.kernel
+def parity(a: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+    for i in a:
+        a[i] = is_even(a[i])
+
+
+@pytest.mark.no_cuda_compile_check
+def test_mutual_recursion_on_cpu(rng, arch):
+    if arch == "cuda":
+        pytest.skip("mutual recursion is a CPU feature (test_mutual_recursion_is_our_error_on_cuda)")
+    a = rng.integers(0, 40, 21).astype(np.int32)
+    ref = (a % 2 == 0).astype(np.int32)
+    parity(a)
+    np.testing.assert_array_equal(a, ref)
+
+
+@qd.kernel
+def parity_cuda(a: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+    for i in a:
+        a[i] = is_odd(a[i])
+
+
+def test_mutual_recursion_is_our_error_on_cuda(arch):
+    from qd_numba import config
+
+    if arch != "cuda" and not config.current.cuda_compile_check:
+        pytest.skip("needs numba-cuda (the CUDA compile check) or a GPU")
+    with pytest.raises(qd.QuadrantsSyntaxError, match="mutual recursion between real functions is not supported"):
+        parity_cuda(np.arange(5, dtype=np.int32))

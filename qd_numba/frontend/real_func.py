@@ -18,7 +18,8 @@ the return annotation is one of those or absent (no value). The body is compiled
 ``@numba.njit`` function is: it may use arithmetic, ``math``, qd_numba's math functions, other
 real functions and njit functions; fields, ``@qd.func`` calls and ``qd.static`` belong to kernels
 and inlined funcs. A real function is not differentiated (a gradient kernel calling one is an
-error).
+error). Mutual recursion compiles on the CPU; numba-cuda cannot link a call to a function still
+being compiled other than itself, so on CUDA it is our error.
 """
 
 from __future__ import annotations
@@ -137,6 +138,12 @@ class QdRealFunc:
                     impl.disable_compile()
             except Exception as e:
                 del self._dispatchers[target]
+                if target == "cuda" and "insert_unresolved_ref" in str(e):
+                    # numba-cuda links a call only to a compiled function or to the function itself
+                    raise typing_error(QuadrantsSyntaxError(
+                        f"qd.real_func '{self.name}' calls a real function that is still compiling: mutual "
+                        "recursion between real functions is not supported on CUDA (a function may call "
+                        "itself)")) from None
                 if isinstance(e, QuadrantsError) or not is_numba_error(e):
                     raise
                 # raised inside the caller's typing, which would report an untyped global

@@ -54,6 +54,7 @@ from .errors import (
 from .field import Field, Ndarray, field, ndarray
 from .frontend.args import Template, template
 from .frontend.objects import QdFunc, func
+from .frontend.real_func import QdRealFunc, real_func
 from .kernel import Kernel, kernel
 from .lowering.autodiff import stop_grad
 from .lang import exception as _lang_exception  # noqa: F401  (qd.lang.* modules, Quadrants' layout)

@@ -156,6 +156,9 @@ class ArrayData:
     def from_numpy(self, array) -> None:
         self.claim()
         array = np.asarray(array)
+        if np.iscomplexobj(array) and not np.iscomplexobj(self._arr):
+            raise QuadrantsTypeError(f"from_numpy: {self._describe()} holds real numbers, got a complex array "
+                                     f"({array.dtype}); pass array.real, array.imag or np.abs(array)")
         if array.shape != self._arr.shape:
             raise QuadrantsTypeError(
                 f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"

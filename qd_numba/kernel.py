@@ -17,11 +17,12 @@ import inspect
 import threading
 import weakref
 
-from . import config, dtypes, runtime
+from . import config, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
-from .frontend.args import Param, evaluate_annotation, param_kind
+from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
 from .frontend.diagnostics import run_frontend
 from .frontend.objects import KernelObject, QdFunc, func  # noqa: F401  (qd.func lives with the objects passes see)
+from .frontend.real_func import forget_real_funcs
 from .targets.base import target_for
 
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
@@ -43,6 +44,7 @@ def forget_compiled() -> None:
     configuration, e.g. ``debug`` or another arch, changes the code kernels compile to)."""
     for kernel in list(_KERNELS):
         kernel._forget()
+    forget_real_funcs()
 
 
 runtime.on_init(forget_compiled)
@@ -76,7 +78,7 @@ class Kernel(KernelObject):
         self._returns = None
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is not inspect.Signature.empty and returns is not None:
-            self._returns = returns if returns in (int, float) else dtypes.to_numba(returns)
+            self._returns = returns if returns in (int, float) else return_type_of(self.name, returns)
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None
@@ -96,7 +98,9 @@ class Kernel(KernelObject):
     def return_type(self):
         """The Numba type of the return value (None: returns nothing); ``-> int``/``-> float``
         follow ``qd.init(default_ip=/default_fp=)`` as set when the kernel compiles."""
-        return None if self._returns is None else dtypes.to_numba(self._returns)
+        if self._returns in (int, float):
+            return dtypes.to_numba(self._returns)
+        return self._returns
 
     # -- the call path ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

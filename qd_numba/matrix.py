@@ -270,8 +270,9 @@ class Matrix(metaclass=_MatrixMeta):
                      needs_dual=needs_dual)
 
     @staticmethod
-    def ndarray(n, m, dtype, shape):
-        return Ndarray(matrix(n, m, dtype), shape)
+    def ndarray(n, m, dtype, shape, needs_grad=False, *, fill=None):
+        """An ndarray of ``shape`` whose elements are n x m matrices (Quadrants' signature)."""
+        return _filled(Ndarray(matrix(n, m, dtype), shape, needs_grad=needs_grad), fill)
 
 
 def _add_methods():
@@ -328,8 +329,15 @@ class Vector(Matrix):
                      needs_dual=needs_dual)
 
     @staticmethod
-    def ndarray(n, dtype, shape):
-        return Ndarray(vector(n, dtype), shape)
+    def ndarray(n, dtype, shape, needs_grad=False, *, fill=None):
+        """An ndarray of ``shape`` whose elements are n-vectors (Quadrants' signature)."""
+        return _filled(Ndarray(vector(n, dtype), shape, needs_grad=needs_grad), fill)
+
+
+def _filled(array: Ndarray, fill) -> Ndarray:
+    if fill is not None:
+        array.fill(fill)
+    return array
 
 
 def _component(k: int) -> property:

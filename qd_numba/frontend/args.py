@@ -107,6 +107,18 @@ def evaluate_annotation(fn, kernel_name: str, what: str, annotation):
             f"{type(e).__name__}: {e}{hint}") from None
 
 
+def return_type_of(kernel_name: str, annotation):
+    """The Numba type of a kernel's return annotation: a scalar type (``int``/``float``/``bool``
+    included) or ``qd.types.vector/matrix(...)``; anything else is our error."""
+    if isinstance(annotation, MatrixType):
+        return annotation
+    if isinstance(annotation, (types.Number, types.Boolean)) or annotation in (int, float, bool):
+        return dtypes.to_numba(annotation)
+    raise QuadrantsSyntaxError(
+        f"kernel '{kernel_name}': the return annotation {annotation!r} is not a type a kernel can return "
+        "(a scalar type such as qd.f32, or qd.types.vector/matrix(...))")
+
+
 class Param:
     def __init__(self, name, annotation, kind):
         self.name, self.annotation, self.kind = name, annotation, kind
@@ -237,3 +249,14 @@ def check_scalar(where: str, param, value) -> None:
         raise QuadrantsTypeError(f"{where}: expected a {param.nbtype} scalar, got {type(value).__name__}")
     if isinstance(param.nbtype, types.Integer) and isinstance(value, (float, np.floating)):
         raise QuadrantsTypeError(f"{where}: expected an integer ({param.nbtype}), got float {value!r}")
+    if isinstance(param.nbtype, types.Integer) and not isinstance(value, (bool, np.bool_)):
+        lo, hi = int_range(param.nbtype)
+        if not lo <= value <= hi:
+            raise QuadrantsTypeError(f"{where}: {value!r} does not fit in {param.nbtype} (range {lo} to {hi}); "
+                                     "annotate the parameter with a wider type, e.g. qd.i64")
+
+
+def int_range(nbtype) -> tuple[int, int]:
+    """The smallest and largest value of an integer type (the call paths check int arguments)."""
+    info = np.iinfo(str(nbtype))
+    return int(info.min), int(info.max)

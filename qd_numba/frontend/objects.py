@@ -5,8 +5,15 @@ they live below the passes, so passes never import the kernel module.
 
 from __future__ import annotations
 
+import inspect
+
+from numba.core import types
+
 from ..errors import QuadrantsSyntaxError
+from ..typing.matrix import MatrixType
+from .args import evaluate_annotation
 from .diagnostics import run_frontend
+from .real_func import real_func
 
 
 class KernelObject:
@@ -22,6 +29,23 @@ class QdFunc:
         self.fn = fn
         self.name = fn.__qualname__
         self._ir = {}
+        # a return annotation promises a value on every path (passes/inline_funcs.py checks)
+        returns = inspect.signature(fn).return_annotation
+        self.return_type = None if returns in (inspect.Signature.empty, None) else returns
+
+    def value_type(self, cfg):
+        """The Numba type the return annotation converts the returned value to (a scalar or
+        vector/matrix type; ``int``/``float`` as ``cfg`` says), or None: no conversion."""
+        if self.return_type is None:
+            return None
+        annotation = evaluate_annotation(self.fn, self.name, "the return value", self.return_type)
+        if annotation is int:
+            return cfg.default_ip
+        if annotation is float:
+            return cfg.default_fp
+        if annotation is bool or isinstance(annotation, (types.Number, types.Boolean, MatrixType)):
+            return types.boolean if annotation is bool else annotation
+        return None
 
     def frontend_ir(self, tools):
         key = id(tools.ir)
@@ -37,7 +61,9 @@ class QdFunc:
 
 
 def func(fn=None, *, is_real_function=False):
-    """Decorator: a function inlined into kernels (arguments, return values, templates)."""
+    """Decorator: a function inlined into kernels (arguments, return values, templates);
+    ``is_real_function=True`` is ``@qd.real_func`` (frontend/real_func.py)."""
+    make = real_func if is_real_function else QdFunc
     if fn is None:
-        return lambda f: QdFunc(f)
-    return QdFunc(fn)
+        return make
+    return make(fn)

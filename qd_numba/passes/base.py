@@ -67,6 +67,7 @@ class CompileState:
     inlined_temps: set = dataclasses.field(default_factory=set)  # renamed '$' temporaries of inlined funcs
     kernel_qualname: str = ""       # '<module>.<qualname>': names tasks (stable across processes)
     returns_value: bool = False     # the kernel's annotation promises a return value
+    return_type: object = None      # that annotation's type (passes/return_rules.py converts to it)
     task_plan: object = None        # plan_tasks.TaskPlan, once PlanTasks ran
     random_state: object = None     # () -> qd.random's state field (random_state.state_field)
     autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)

@@ -2,18 +2,23 @@
 
 Funcs are inlined at the IR level, before offloading, so that a top-level loop inside a
 func called at the top level of a kernel still becomes a task, and fields/static values
-inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions are left as
-calls (they compile as ordinary Numba functions). Recursion is a QuadrantsSyntaxError.
+inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions and
+``@qd.real_func`` functions are left as calls (frontend/real_func.py); a real function in a
+differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError.
 """
 
 from __future__ import annotations
 
 import inspect
 
+from .. import math as qd_math
 from ..errors import QuadrantsSyntaxError
 from ..frontend.objects import QdFunc
+from ..frontend.real_func import QdRealFunc
 from ..lowering.subscripts import spread_item
+from ..typing.matrix import MatrixType
 from .base import MISSING, try_static
+from .return_rules import return_problem
 
 
 class InlineFuncs:
@@ -33,6 +38,9 @@ class InlineFuncs:
                             and stmt.value.op == "call"):
                         continue
                     callee = try_static(state, stmt.value.func)
+                    if isinstance(callee, QdRealFunc) and state.autodiff_mode is not None:
+                        raise state.error(QuadrantsSyntaxError, f"qd.real_func '{callee.name}' cannot be "
+                                          "called in a differentiated kernel (Quadrants' rule too)", stmt.loc)
                     if callee is MISSING or not isinstance(callee, QdFunc):
                         continue
                     stack = state.block_stacks.get(label, ())
@@ -55,13 +63,39 @@ class InlineFuncs:
     def _inline(state, label, block, i, callee, stack):
         tools = state.tools
         callee_ir = callee.frontend_ir(tools)
+        result = block.body[i].target
+        if callee.return_type is not None:
+            problem = return_problem(tools, callee_ir, callee.return_type, "qd.func", static_loops=True)
+            if problem is not None:
+                message, loc = problem
+                raise state.error(QuadrantsSyntaxError, f"qd.func '{callee.name}': {message}", loc)
         worker = tools.inline.InlineWorker(validator=None)
         _, callee_blocks, var_dict, new_blocks = worker.inline_ir(
             state.func_ir, block, i, callee_ir, callee.fn.__code__.co_freevars)
         state.inlined_temps.update(new.name for old, new in var_dict.items() if state.is_temp(old))
-        for new_label, _ in new_blocks:
+        converted_to = callee.value_type(state.config)
+        for new_label, new_block in new_blocks:
             # the caller's continuation keeps the caller's stack; the callee's blocks add the callee
             state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack
+            if converted_to is not None and new_label in callee_blocks:
+                _convert_returned(state, new_block, result, converted_to)
+
+
+def _convert_returned(state, block, result, annotation) -> None:
+    """The callee's ``return v`` became ``result = v`` in ``block``: make it
+    ``result = qd.cast(v, dtype)`` with the return annotation's dtype, as Quadrants casts a
+    func's returned value (``qd.cast``, not the kernel's checked conversion: autodiff knows it)."""
+    ir = state.ir
+    dtype = annotation.dtype if isinstance(annotation, MatrixType) else annotation
+    for k, stmt in enumerate(block.body):
+        if isinstance(stmt, ir.Assign) and stmt.target.name == result.name and isinstance(stmt.value, ir.Var):
+            fn = block.scope.redefine("$qd_cast", stmt.loc)
+            dtype_var = block.scope.redefine("$qd_return_dtype", stmt.loc)
+            block.body[k:k + 1] = [
+                ir.Assign(ir.Global("cast", qd_math.cast, stmt.loc), fn, stmt.loc),
+                ir.Assign(ir.Global("dtype", dtype, stmt.loc), dtype_var, stmt.loc),
+                ir.Assign(ir.Expr.call(fn, [stmt.value, dtype_var], (), stmt.loc), result, stmt.loc)]
+            return
 
 
 def _spread_vararg(state, block, stmt, callee) -> None:

@@ -18,7 +18,7 @@ from .autodiff import ReverseMode
 from .base import dump_ir
 from .bind_arguments import BindArguments
 from .cfg_optimize import CfgOptimize
-from .check_writes import CheckReadonlyWrites
+from .check_writes import CheckArgumentWrites, CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
 from .fold_static import FoldStatic
 from .forward_mode import ForwardMode
@@ -29,6 +29,7 @@ from .plan_tasks import PlanTasks
 from .random_streams import BindRandomStreams
 from .reductions import ReduceAtomics
 from .resolve_globals import CheckGlobals, ResolveGlobals
+from .return_rules import ReturnRules
 from .rewrite_subscripts import RewriteSubscripts
 from .verify import verify_final, verify_ir
 
@@ -50,8 +51,8 @@ UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
     Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic, RemoveDeadPure),
           fixed_point=True),
-    Stage("rewrites", (CheckGlobals, RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals,
-                       RemoveDeadPure)),
+    Stage("rewrites", (CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSubscripts, CheckReadonlyWrites,
+                       DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode)),
 )

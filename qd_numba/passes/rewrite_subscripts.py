@@ -52,7 +52,7 @@ class Subscript:
     const_index: object = None
 
 
-def _subscript(state, var):
+def subscript_of(state, var):
     """The Subscript ``var`` is defined by, or None."""
     d = state.definition(var)
     ir = state.ir
@@ -118,7 +118,7 @@ def _aug_store(state, stmt):
     vdef = state.definition(m["value"])
     if not (isinstance(vdef, ir.Expr) and vdef.op == "inplace_binop" and vdef.fn in _AUG_OPS):
         return None
-    loaded = _subscript(state, vdef.lhs)
+    loaded = subscript_of(state, vdef.lhs)
     if loaded is None or loaded.base.name != m["target"].name:
         return None
     return {**m, "op": _AUG_OPS[vdef.fn], "rhs": vdef.rhs}
@@ -133,7 +133,7 @@ def _match_aug_nested(state, stmt):
     m = _aug_store(state, stmt)
     if m is None:
         return None
-    outer = _subscript(state, m["target"])
+    outer = subscript_of(state, m["target"])
     return {**m, "outer": outer} if outer is not None and is_global_data(state, outer.base) else None
 
 
@@ -146,7 +146,7 @@ def _match_local_store(state, stmt):
     m = _store(state, stmt)
     if m is None:
         return None
-    outer = _subscript(state, m["target"])
+    outer = subscript_of(state, m["target"])
     if outer is not None and is_global_data(state, outer.base):
         return {**m, "outer": outer}
     # L[I][J] = V, L[I].x = V: the row is a temporary, written back into the local L
@@ -170,7 +170,7 @@ def _atomic_call(state, stmt):
     dest, *values = expr.args
     # ``qd.atomic_add(x[i], v)`` passes a temporary loaded from x[i]: the target is x[i].
     # ``s = x[i]; qd.atomic_add(s, v)`` targets the local s.
-    sub = _subscript(state, dest) if state.is_temp(dest) else None
+    sub = subscript_of(state, dest) if state.is_temp(dest) else None
     return {"target": stmt.target, "dest": dest, "value": values[0], "values": values, "op": op, "sub": sub}
 
 
@@ -183,7 +183,7 @@ def _match_atomic_nested(state, stmt):
     m = _atomic_call(state, stmt)
     if m is None or m["sub"] is None:
         return None
-    outer = _subscript(state, m["sub"].base)
+    outer = subscript_of(state, m["sub"].base)
     return {**m, "outer": outer} if outer is not None and is_global_data(state, outer.base) else None
 
 

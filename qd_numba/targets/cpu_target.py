@@ -25,6 +25,7 @@ from ..frontend.args import (
     field_for_ndarray_message,
     field_type,
     host_array,
+    int_range,
     ndarray_type,
     template_key,
 )
@@ -100,7 +101,12 @@ class CpuKernel(KernelBackend):
             else:
                 # exact-type membership: anything else takes the slow path, which validates
                 ns[f"ok_{name}"] = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
-                lines.append(f"        if type({name}) not in ok_{name}: raise KeyError")
+                # an int that does not fit the parameter's type takes the slow path, which raises
+                fits = ""
+                if isinstance(p.nbtype, types.Integer):
+                    ns[f"lo_{name}"], ns[f"hi_{name}"] = int_range(p.nbtype)
+                    fits = f" or not lo_{name} <= {name} <= hi_{name}"
+                lines.append(f"        if type({name}) not in ok_{name}{fits}: raise KeyError")
                 runtime.append(name)
         key = "(" + "".join(f"{k}, " for k in key_items) + ")"
         lines += [f"        inst = instances[{key}]",

@@ -26,7 +26,8 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
     state = CompileState(tools=tools, func_ir=func_ir, kernel_name=kernel.name, config=cfg,
                          runtime_params=[p.name for p in kernel.params if p.kind != "template"],
                          param_types=param_types, template_values=templates, kernel_qualname=kernel.qualname,
-                         returns_value=kernel.return_type is not None, random_state=random_state.state_field,
+                         returns_value=kernel.return_type is not None, return_type=kernel.return_type,
+                         random_state=random_state.state_field,
                          autodiff_mode=kernel.autodiff_mode)
     take_pending()
     with profiler.stage("untyped passes"):

@@ -301,18 +301,24 @@ def install_cuda_extensions() -> None:
     * the before-inference rewrite of matrix literal lists (typing/matrix.py), on numba-cuda's
       IR classes.
 
+    * ``typeof`` of a ``@qd.real_func``: its numba-cuda device function (frontend/real_func.py).
+
     Without them ``qd.Vector([...])`` in a kernel or device function failed CUDA typing.
     Idempotent."""
+    from numba.core import types
     from numba.core.typing.typeof import typeof_impl as core_typeof_impl
     from numba.cuda.core import ir as cuda_ir
     from numba.cuda.core.rewrites.registry import Rewrite, register_rewrite
     from numba.cuda.typing.typeof import typeof_impl as cuda_typeof_impl
 
+    from ...frontend.real_func import CompiledRealFunc, QdRealFunc
     from ...matrix import _MatrixMeta
     from ...typing.matrix import MatrixType, matrix_literal_rewrite
 
     for cls in (_MatrixMeta, MatrixType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
+    cuda_typeof_impl.register(QdRealFunc)(lambda val, c: types.Dispatcher(val.dispatcher("cuda")))
+    cuda_typeof_impl.register(CompiledRealFunc)(lambda val, c: types.Dispatcher(val.func.compiled("cuda")))
     register_rewrite("before-inference")(matrix_literal_rewrite(cuda_ir, Rewrite))
 
 

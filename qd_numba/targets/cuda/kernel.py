@@ -17,7 +17,7 @@ from numba.core import types
 from ... import config, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
-from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, template_key
+from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, int_range, template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
 from ..base import KernelBackend, Target
@@ -115,7 +115,11 @@ class CudaKernel(KernelBackend):
                 body.append(f"a{i} = check_matrix(kernel, p{i}, a{i})")
             else:
                 ns[f"ok{i}"], ns[f"p{i}"] = p.exact_types, p
-                body.append(f"if type(a{i}) not in ok{i}: check_scalar(kernel, p{i}, a{i})")
+                fits = ""
+                if isinstance(p.nbtype, types.Integer):   # an int that does not fit: check_scalar raises
+                    ns[f"lo{i}"], ns[f"hi{i}"] = int_range(p.nbtype)
+                    fits = f" or not lo{i} <= a{i} <= hi{i}"
+                body.append(f"if type(a{i}) not in ok{i}{fits}: check_scalar(kernel, p{i}, a{i})")
         body += [f"plan = plans.get({_tuple_src(key)})",
                  f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})"]
         src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body),
@@ -142,6 +146,8 @@ class CudaKernel(KernelBackend):
     def _build(self, args, views):
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
+        # another helper adds the option to config.py; 0 (the driver's default) until then
+        CudaRuntime.get().apply_stack_limit(getattr(config.current, "cuda_stack_limit", 0))
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "cuda"):
                 return build_plan(kernel, param_types, templates)

@@ -238,6 +238,19 @@ class CudaRuntime:
         self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
         install_cuda_ufunc_math_fallbacks()
         self.plan_builds = 0
+        self.stack_limit = 0        # the cuda_stack_limit applied (0: the driver's default)
+
+    def apply_stack_limit(self, limit: int) -> None:
+        """Set the per-thread device stack to ``limit`` bytes (``qd.init(cuda_stack_limit=...)``;
+        recursive ``qd.real_func`` calls need it); 0 leaves the driver's default."""
+        if limit and limit != self.stack_limit:
+            self.context.push()
+            try:
+                drv = _driver()
+                _check(drv.cuCtxSetLimit(drv.CUlimit.CU_LIMIT_STACK_SIZE, int(limit)), "cuCtxSetLimit(stack size)")
+            finally:
+                self.context.pop()
+            self.stack_limit = limit
 
     @classmethod
     def get(cls) -> CudaRuntime:

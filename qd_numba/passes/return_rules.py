@@ -1,0 +1,147 @@
+"""ReturnRules: Quadrants' rules for a kernel's ``return``, and the returned value converted to
+the return annotation.
+
+Input: the kernel IR after compile-time evaluation (``qd.static`` folded: a ``return`` in an
+unrolled static loop is fine; funcs inlined: their returns are jumps now, so every ``ir.Return``
+left is the kernel's own). Errors, each a :class:`QuadrantsSyntaxError` naming the kernel and the
+line:
+
+* a ``return`` inside a non-static ``for`` loop (the loop is a parallel task or runs serially
+  inside one; neither can leave the kernel);
+* a kernel without a return annotation that returns a value (it would be dropped);
+* under a value annotation, a bare ``return`` or a path that ends without returning.
+
+:func:`return_problem` is shared with InlineFuncs, which applies the same rules to an
+annotated ``@qd.func`` before inlining it. Then each kernel ``return v`` becomes
+``return return_value(v, annotation)`` (lowering/returns.py): a scalar is converted as Quadrants
+casts it, a value of the wrong shape is an error at typing.
+Changes the IR only when the kernel returns a value.
+"""
+
+from __future__ import annotations
+
+import linecache
+
+from ..errors import QuadrantsSyntaxError
+from ..lang import static
+from ..lowering.returns import return_value
+
+
+class ReturnRules:
+    name = "return_rules"
+
+    def run(self, state) -> bool:
+        ir = state.ir
+        blocks = state.func_ir.blocks
+        returns = {label: block.body[-1] for label, block in blocks.items() if isinstance(block.body[-1], ir.Return)}
+        state.refresh_definitions()
+        problem = return_problem(state.tools, state.func_ir, state.return_type, "kernel", static_loops=False)
+        if problem is not None:
+            raise state.error(QuadrantsSyntaxError, *problem)
+        if state.return_type is None:
+            return False
+        for label, ret in returns.items():
+            _convert(state, blocks[label], ret)
+        return bool(returns)
+
+
+def return_problem(tools, func_ir, return_type, what: str, static_loops: bool):
+    """(message, loc) of the first broken return rule in ``func_ir`` (a kernel's or a func's,
+    ``what`` says which), or None. ``return_type`` is the annotation (None: no value).
+    ``static_loops``: loops over ``qd.static(...)`` may still be in the IR (a func before
+    inlining); a ``return`` inside them is allowed."""
+    ir = tools.ir
+    func_ir._definitions = tools.ir_utils.build_definitions(func_ir.blocks)
+    returns = {label: block.body[-1] for label, block in func_ir.blocks.items()
+               if isinstance(block.body[-1], ir.Return)}
+    loc = _return_in_for_loop(tools, func_ir, returns, static_loops)
+    if loc is not None:
+        return ("'return' inside a non-static for loop is not supported (Quadrants' rule): assign the result "
+                "and return after the loop, or iterate over qd.static(...)", loc)
+    for ret in returns.values():
+        gives_none = _returns_none(ir, func_ir, ret.value)
+        if return_type is None and not gives_none:
+            return (f"the {what} returns a value but has no return annotation; annotate the type it returns, "
+                    f"e.g. def {what}(...) -> qd.f32", ret.loc)
+        if return_type is not None and gives_none:
+            if _source_line(ret.loc).startswith("return"):
+                return f"'return' without a value in a {what} annotated to return {return_type}", ret.loc
+            return (f"the {what} is annotated to return {return_type} but does not return a value on every "
+                    "path", ret.loc)
+    return None
+
+
+def _return_in_for_loop(tools, func_ir, returns, static_loops):
+    """The loc of a ``return`` in a block that only the body of a ``for`` loop reaches (the
+    body's entry, the branch target of the loop header's ``iternext``, dominates it), or None."""
+    if not returns:
+        return None
+    ir = tools.ir
+    blocks = func_ir.blocks
+    body_entries = set()
+    for block in blocks.values():
+        term = block.body[-1]
+        if isinstance(term, ir.Branch):
+            iterator = _for_header_iterator(ir, block)
+            if iterator is not None and not (static_loops and _iterates_static(ir, func_ir, iterator)):
+                body_entries.add(term.truebr)
+    if not body_entries:
+        return None
+    dominators = tools.analysis.compute_cfg_from_blocks(blocks).dominators()
+    for label, ret in returns.items():
+        if dominators[label] & body_entries:
+            return ret.loc
+    return None
+
+
+def _for_header_iterator(ir, block):
+    for stmt in block.body:
+        if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "iternext":
+            return stmt.value.value
+    return None
+
+
+def _definition(func_ir, var):
+    defs = func_ir._definitions.get(var.name, [])
+    return defs[0] if len(defs) == 1 else None
+
+
+def _iterates_static(ir, func_ir, iterator) -> bool:
+    """``for v in qd.static(...)``: the iterator is ``getiter(static(...))``."""
+    d = _definition(func_ir, iterator)
+    while isinstance(d, ir.Var):        # $phi = $get_iter
+        d = _definition(func_ir, d)
+    if not (isinstance(d, ir.Expr) and d.op == "getiter"):
+        return False
+    call = _definition(func_ir, d.value)
+    if not (isinstance(call, ir.Expr) and call.op == "call"):
+        return False
+    fn = _definition(func_ir, call.func)
+    if isinstance(fn, (ir.Global, ir.FreeVar)):
+        return fn.value is static
+    return isinstance(fn, ir.Expr) and fn.op == "getattr" and fn.attr == "static"
+
+
+def _returns_none(ir, func_ir, var) -> bool:
+    value = _definition(func_ir, var)
+    while isinstance(value, ir.Expr) and value.op == "cast":
+        value = _definition(func_ir, value.value)
+    return isinstance(value, (ir.Const, ir.Global, ir.FreeVar)) and value.value is None
+
+
+def _source_line(loc) -> str:
+    return linecache.getline(loc.filename, loc.line).strip() if loc is not None and loc.line else ""
+
+
+def _convert(state, block, ret) -> None:
+    ir = state.ir
+    loc, scope = ret.loc, block.scope
+    fn = scope.redefine("$qd_return_value", loc)
+    annotation = scope.redefine("$qd_return_annotation", loc)
+    converted = scope.redefine("$qd_returned", loc)
+    block.body[-1:] = [
+        ir.Assign(ir.Global("return_value", return_value, loc), fn, loc),
+        ir.Assign(ir.Global("annotation", state.return_type, loc), annotation, loc),
+        ir.Assign(ir.Expr.call(fn, [ret.value, annotation], (), loc), converted, loc),
+        ir.Return(converted, loc),
+    ]

@@ -17,7 +17,7 @@ import inspect
 import threading
 import weakref
 
-from . import config, runtime
+from . import config, dtypes, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
 from .frontend.diagnostics import run_frontend

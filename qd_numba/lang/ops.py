@@ -1,5 +1,5 @@
 """``qd.lang.ops``: the operations of Quadrants' ``quadrants.lang.ops`` that qd_numba has, under the
-same names (the objects are the ones ``qd.*`` exports: math.py, the atomics and ``random`` of
+same names (the objects are the ones ``qd.*`` exports: qd.math, the atomics and ``random`` of
 this package). Operations qd_numba does not have are absent.
 """
 
@@ -9,23 +9,31 @@ from ..math import (  # noqa: F401
     abs,
     acos,
     asin,
+    atan,
     atan2,
+    bit_cast,
+    bit_shr,
     cast,
     ceil,
     cos,
     exp,
     floor,
+    frexp,
     log,
     max,
     min,
     pow,
+    raw_div,
+    raw_mod,
     round,
     rsqrt,
+    select,
     sin,
     sqrt,
     tan,
     tanh,
 )
+from ..ops.atomics import atomic_cas, atomic_exchange, atomic_mul  # noqa: F401
 from . import (  # noqa: F401
     atomic_add,
     atomic_and,
@@ -37,6 +45,7 @@ from . import (  # noqa: F401
     random,
 )
 
-__all__ = ["abs", "acos", "asin", "atan2", "atomic_add", "atomic_and", "atomic_max", "atomic_min", "atomic_or",
-           "atomic_sub", "atomic_xor", "cast", "ceil", "cos", "exp", "floor", "log", "max", "min", "pow",
-           "random", "round", "rsqrt", "sin", "sqrt", "tan", "tanh"]
+__all__ = ["abs", "acos", "asin", "atan", "atan2", "atomic_add", "atomic_and", "atomic_cas", "atomic_exchange",
+           "atomic_max", "atomic_min", "atomic_mul", "atomic_or", "atomic_sub", "atomic_xor", "bit_cast", "bit_shr",
+           "cast", "ceil", "cos", "exp", "floor", "frexp", "log", "max", "min", "pow", "random", "raw_div", "raw_mod",
+           "round", "rsqrt", "select", "sin", "sqrt", "tan", "tanh"]

@@ -86,8 +86,6 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
     new_config = config.config_from_env(arch=arch, **overrides, **options)
-    if new_config.cuda_stack_limit and arch == cuda:
-        target_for(cuda).set_stack_limit(new_config.cuda_stack_limit)
     _install(new_config)
 
 

@@ -47,9 +47,6 @@ class CudaTarget(Target):
                                         "`pip install qd_numba[cuda]`); use qd.cpu")
         CudaRuntime.get()
 
-    def set_stack_limit(self, size: int) -> None:
-        CudaRuntime.get().set_stack_limit(size)
-
 
 class CudaKernel(KernelBackend):
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
@@ -146,8 +143,7 @@ class CudaKernel(KernelBackend):
     def _build(self, args, views):
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
-        # another helper adds the option to config.py; 0 (the driver's default) until then
-        CudaRuntime.get().apply_stack_limit(getattr(config.current, "cuda_stack_limit", 0))
+        CudaRuntime.get().apply_stack_limit(config.current.cuda_stack_limit)   # before the first launch
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "cuda"):
                 return build_plan(kernel, param_types, templates)

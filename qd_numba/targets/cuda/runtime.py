@@ -260,11 +260,6 @@ class CudaRuntime:
                     cls._instance = CudaRuntime()
         return cls._instance
 
-    def set_stack_limit(self, size: int) -> None:
-        """``qd.init(cuda_stack_limit=size)``: bytes of stack per GPU thread (deep calls, recursion)."""
-        drv = _driver()
-        _check(drv.cuCtxSetLimit(drv.CUlimit.CU_LIMIT_STACK_SIZE, int(size)), "cuCtxSetLimit(stack size)")
-
     def field_table(self, fields):
         """A device table of the data pointers of ``fields`` (a kernel instance's fields, in the
         order of its context slots). Field buffers never move, so the table is written once."""

@@ -40,6 +40,7 @@ from .typing.matrix import (
     binop_dtypes,
     constructor_dtype,
     matmul_type,
+    swizzle_indices,
 )
 
 
@@ -346,6 +347,17 @@ def _component(k: int) -> property:
 
 for _name, _k in SWIZZLE.items():  # v.x, v.r, v.s ... (the names compiled code accepts)
     setattr(Vector, _name, _component(_k))
+
+
+def _swizzle(self, attr):
+    """``v.zyx``, ``v.rg``: a new Vector of the picked components (read only, as in kernels)."""
+    indices = swizzle_indices(attr)
+    if indices is None or max(indices) >= len(self.entries):
+        raise AttributeError(f"{type(self).__name__} has no attribute {attr!r}")
+    return Vector([self.entries[k] for k in indices], dt=self.dtype)
+
+
+Vector.__getattr__ = _swizzle
 
 
 @typeof_impl.register(Matrix)

@@ -445,3 +445,34 @@ def test_row_stores_on_local_matrices(rng):
     ref[:, 0, 0], ref[:, 0, 1] = a[:, 0], 2
     ref[:, 1, 0], ref[:, 1, 1] = 3 + a[:, 2], a[:, 1]
     np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_multi_letter_swizzles_read_components(rng):
+    """``v.zx``, ``v.rgbr``, ``v.xxyy`` (Quadrants/GLSL swizzles) build vectors of the picked
+    components, in kernels and in Python scope; a letter past the vector's size is our error."""
+    f = qd.Vector.field(3, qd.f32, shape=(16,))
+    two = qd.Vector.field(2, qd.f32, shape=(16,))
+    four = qd.Vector.field(4, qd.f32, shape=(16,))
+
+    @qd.kernel
+    def pick():
+        for i in range(16):
+            v = f[i]
+            two[i] = v.zx
+            four[i] = v.rgbr + v.xxyy * 2.0
+
+    d = rng.uniform(-1, 1, (16, 3)).astype(np.float32)
+    f.from_numpy(d)
+    pick()
+    np.testing.assert_allclose(two.to_numpy(), d[:, [2, 0]], rtol=1e-6)
+    np.testing.assert_allclose(four.to_numpy(), d[:, [0, 1, 2, 0]] + d[:, [0, 0, 1, 1]] * 2, rtol=1e-6)
+    v = qd.Vector(list(d[0]))
+    np.testing.assert_allclose(v.zyx.to_numpy(), d[0, ::-1], rtol=1e-6)
+
+    @qd.kernel
+    def too_far():
+        for i in range(16):
+            two[i] = f[i].xw
+
+    with pytest.raises(qd.QuadrantsTypeError, match="swizzle 'xw'"):
+        too_far()

@@ -54,6 +54,7 @@ from ..typing.matrix import (
     construct_type,
     getitem_type,
     is_scalar,
+    swizzle_indices,
     type_call_check,
 )
 
@@ -451,6 +452,12 @@ def matrix_to_tuple(typingctx, m):
 def _lower_getattr(context, builder, mt, val, attr):
     if attr in SWIZZLE:
         return builder.extract_value(val, SWIZZLE[attr])
+    indices = swizzle_indices(attr)
+    if indices is not None:     # v.zyx: a new vector of the picked components
+        out = llir.Constant(context.get_value_type(MatrixType(mt.dtype, len(indices), ndim=1)), None)
+        for k, index in enumerate(indices):
+            out = builder.insert_value(out, builder.extract_value(val, index), k)
+        return out
     if attr in ("n", "m"):
         return context.get_constant(types.intp, getattr(mt, attr))
     raise AttributeError(attr)

@@ -534,6 +534,18 @@ class MatrixSetItem(AbstractTemplate):
 
 # component names of a vector, as in Quadrants (GLSL): v.x / v.r / v.s is v[0], ...
 SWIZZLE = {name: k for group in ("xyzw", "rgba", "stpq") for k, name in enumerate(group)}
+_SWIZZLE_GROUPS = ("xyzw", "rgba", "stpq")
+
+
+def swizzle_indices(attr: str) -> tuple | None:
+    """``v.zyx``, ``v.rg``, ``v.xxyy``: the component indices of a swizzle of 2 to 4 letters of one
+    set (xyzw, rgba or stpq), or None when ``attr`` is not one."""
+    if not 2 <= len(attr) <= 4:
+        return None
+    for group in _SWIZZLE_GROUPS:
+        if all(ch in group for ch in attr):
+            return tuple(group.index(ch) for ch in attr)
+    return None
 
 
 @infer_getattr
@@ -545,6 +557,11 @@ class MatrixAttribute(AttributeTemplate):
             if mt.ndim != 1 or SWIZZLE[attr] >= mt.n:
                 raise errors.TypingError(f"{mt} has no component '{attr}'")
             return mt.dtype
+        indices = swizzle_indices(attr)
+        if indices is not None:
+            if mt.ndim != 1 or max(indices) >= mt.n:
+                raise errors.TypingError(f"{mt} has no swizzle '{attr}'")
+            return MatrixType(mt.dtype, len(indices), ndim=1)
         if attr == "n":
             return types.IntegerLiteral(mt.n)
         if attr == "m":

@@ -33,16 +33,18 @@ def counts(task):
     return loads, whats.count("store"), whats.count("atomic")
 
 
+@pytest.fixture
+def fabc():
+    """Three f32 fields of N elements for one test: unused until the test runs, they belong to the
+    qd.init in force at their first use."""
+    return tuple(qd.field(qd.f32, shape=N, name=name) for name in ("fa", "fb", "fc"))
+
+
 def range_tasks(kernel, *args):
     return [t for t in kernel.tasks(*args) if t.kind == "range_for"]
 
 
 # -- shapes, one task each -----------------------------------------------------------------------
-
-fa = qd.field(qd.f32, shape=N, name="fa")
-fb = qd.field(qd.f32, shape=N, name="fb")
-fc = qd.field(qd.f32, shape=N, name="fc")
-
 
 @numba.njit
 def opaque(k):
@@ -54,57 +56,67 @@ def plus_one(v):
     return v + 1.0
 
 
-@qd.kernel
-def shapes(n: qd.i32):
-    for i in range(N):                 # 0: store -> load forwarded; the f64 value is stored as f32
-        fa[i] = fb[i] * 0.1
-        fc[i] = fa[i] + 1.0
-    for i in range(N):                 # 1: redundant loads merged
-        fc[i] = fa[i] * fa[i] + fa[i]
-    for i in range(N):                 # 2: a store overwritten before any read is dead
-        fa[i] = 7.0
-        fa[i] = fb[i] + 2.0
-    for i in range(N):                 # 3: a store before `continue` is read after the task
-        fa[i] = 3.0
-        if fb[i] > 0.5:
-            continue
-        fa[i] = fb[i]
-    for i in range(N):                 # 4: a store on one branch only: the load after the if stays
-        if fb[i] > 0.5:
+def _make_shapes():
+    """The shapes kernel and its fields (fa, fb, fc), made under the qd.init in force: a field
+    belongs to the qd.init it is first used under."""
+    fa = qd.field(qd.f32, shape=N, name="fa")
+    fb = qd.field(qd.f32, shape=N, name="fb")
+    fc = qd.field(qd.f32, shape=N, name="fc")
+
+
+    @qd.kernel
+    def shapes(n: qd.i32):
+        for i in range(N):                 # 0: store -> load forwarded; the f64 value is stored as f32
+            fa[i] = fb[i] * 0.1
+            fc[i] = fa[i] + 1.0
+        for i in range(N):                 # 1: redundant loads merged
+            fc[i] = fa[i] * fa[i] + fa[i]
+        for i in range(N):                 # 2: a store overwritten before any read is dead
+            fa[i] = 7.0
+            fa[i] = fb[i] + 2.0
+        for i in range(N):                 # 3: a store before `continue` is read after the task
+            fa[i] = 3.0
+            if fb[i] > 0.5:
+                continue
+            fa[i] = fb[i]
+        for i in range(N):                 # 4: a store on one branch only: the load after the if stays
+            if fb[i] > 0.5:
+                fa[i] = 1.0
+            fc[i] = fa[i]
+        for i in range(N):                 # 5: a store before the if, no store in it: forwarded after
+            fa[i] = fb[i] + 4.0
+            if fb[i] > 0.5:
+                fc[i] = 0.0
+            else:
+                fc[i] = 1.0
+            fb[i] = fa[i]
+        for i in range(N):                 # 6: an inner serial loop: the loop-carried load stays
+            fa[i] = 0.0
+            for _ in range(n):
+                fa[i] = fa[i] + fb[i]
+            fc[i] = fa[i]
+        for i in range(N):                 # 7: atomics are never forwarded through, and keep the store
             fa[i] = 1.0
-        fc[i] = fa[i]
-    for i in range(N):                 # 5: a store before the if, no store in it: forwarded after
-        fa[i] = fb[i] + 4.0
-        if fb[i] > 0.5:
-            fc[i] = 0.0
-        else:
-            fc[i] = 1.0
-        fb[i] = fa[i]
-    for i in range(N):                 # 6: an inner serial loop: the loop-carried load stays
-        fa[i] = 0.0
-        for _ in range(n):
-            fa[i] = fa[i] + fb[i]
-        fc[i] = fa[i]
-    for i in range(N):                 # 7: atomics are never forwarded through, and keep the store
-        fa[i] = 1.0
-        qd.atomic_add(fa[i], fb[i])
-        fc[i] = fa[i]
-    for i in range(N):                 # 8: an opaque call is a barrier; a qd.func is inlined
-        fa[i] = 5.0
-        k = opaque(i)
-        fc[i] = fa[i] + k
-        fb[i] = plus_one(fc[i])
-    for i in range(N):                 # 9: one index computed twice: one address
-        fa[i] = fb[(i + 1) % N]
-        fc[i] = fb[(i + 1) % N] + fa[i]
-    for i in range(N):                 # 10: inner loop with break: stores before the break are kept
-        fa[i] = -1.0
-        for j in range(n):
-            fa[i] = j * 1.0
-            if j == 2:
-                break
-            fa[i] = j * 10.0
-        fc[i] = fa[i]
+            qd.atomic_add(fa[i], fb[i])
+            fc[i] = fa[i]
+        for i in range(N):                 # 8: an opaque call is a barrier; a qd.func is inlined
+            fa[i] = 5.0
+            k = opaque(i)
+            fc[i] = fa[i] + k
+            fb[i] = plus_one(fc[i])
+        for i in range(N):                 # 9: one index computed twice: one address
+            fa[i] = fb[(i + 1) % N]
+            fc[i] = fb[(i + 1) % N] + fa[i]
+        for i in range(N):                 # 10: inner loop with break: stores before the break are kept
+            fa[i] = -1.0
+            for j in range(n):
+                fa[i] = j * 1.0
+                if j == 2:
+                    break
+                fa[i] = j * 10.0
+            fc[i] = fa[i]
+
+    return shapes, (fa, fb, fc)
 
 
 def shapes_reference(a, b, c, n):
@@ -135,13 +147,14 @@ def shapes_reference(a, b, c, n):
 
 
 def _run_shapes(rng, n):
+    shapes, fields = _make_shapes()
     init = [rng.random(N).astype(np.float32) for _ in range(3)]
-    for f, v in zip((fa, fb, fc), init):
+    for f, v in zip(fields, init):
         f.from_numpy(v)
     shapes(n)
     ref = [v.copy() for v in init]
     shapes_reference(*ref, n)
-    for f, r in zip((fa, fb, fc), ref):
+    for f, r in zip(fields, ref):
         np.testing.assert_allclose(f.to_numpy(), r, rtol=1e-6)
     return [counts(t) for t in range_tasks(shapes, n)]
 
@@ -167,7 +180,8 @@ def test_shapes_with_the_pass_off(rng, cfg_off):
     assert got[9][0] == 3
 
 
-def test_ndarray_arguments_of_one_dtype_may_alias(rng):
+def test_ndarray_arguments_of_one_dtype_may_alias(rng, fabc):
+    fa, _, _ = fabc
     @qd.kernel
     def alias(x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1),
               z: qd.types.ndarray(dtype=qd.i32, ndim=1)):
@@ -191,7 +205,8 @@ def test_ndarray_arguments_of_one_dtype_may_alias(rng):
     np.testing.assert_array_equal(fa.to_numpy(), np.full(N, 4.0, np.float32))
 
 
-def test_a_view_of_global_data_stops_the_optimisation_of_its_resource(rng):
+def test_a_view_of_global_data_stops_the_optimisation_of_its_resource(rng, fabc):
+    _, fb, _ = fabc
     @qd.kernel
     def view(a: qd.types.ndarray(dtype=qd.f32, ndim=2), b: qd.types.ndarray(dtype=qd.f32, ndim=1)):
         for i in range(a.shape[0]):
@@ -238,7 +253,8 @@ def test_serial_task_and_0d_fields(rng):
     assert loads == 4           # ints[0], counter and ints[j] in the loop, counter after it (twice: merged)
 
 
-def test_f16_and_vector_fields(rng):
+def test_f16_and_vector_fields(rng, fabc):
+    fa, fb, fc = fabc
     half = qd.field(qd.f16, shape=N, name="half")
     vec = qd.Vector.field(3, qd.f32, shape=N, name="vec")
 
@@ -260,7 +276,8 @@ def test_f16_and_vector_fields(rng):
     assert counts(task)[0] == 3          # fb, half, vec
 
 
-def test_debug_forwards_but_keeps_every_store(rng, arch):
+def test_debug_forwards_but_keeps_every_store(rng, fabc, arch):
+    fa, fb, fc = fabc
     qd.init(arch=arch, debug=True)
     try:
         @qd.kernel

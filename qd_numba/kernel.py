@@ -20,8 +20,7 @@ import weakref
 from . import config, dtypes, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
-from .frontend.diagnostics import run_frontend
-from .frontend.objects import KernelObject, QdFunc, func  # noqa: F401  (qd.func lives with the objects passes see)
+from .frontend.objects import KernelObject, QdFunc, cached_frontend_ir, func  # noqa: F401  (qd.func lives with the objects passes see)
 from .frontend.real_func import forget_real_funcs
 from .targets.base import target_for
 
@@ -226,11 +225,9 @@ class Kernel(KernelObject):
 
     # -- compilation ---------------------------------------------------------------------------------
     def frontend_ir(self, tools):
-        """The bytecode frontend's IR, per IR flavour (numba.core for CPU, numba.cuda.core)."""
-        key = id(tools.ir)
-        if key not in self._ir:
-            self._ir[key] = run_frontend(tools, self.fn, self.name)
-        return self._ir[key]
+        """The bytecode frontend's IR, per IR flavour (numba.core for CPU, numba.cuda.core), read
+        again after each qd.init (it binds the globals the kernel reads)."""
+        return cached_frontend_ir(self, tools)
 
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, *args, **kwargs):

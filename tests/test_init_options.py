@@ -4,6 +4,7 @@ every option is accepted, the honoured ones change behaviour, an unknown name is
 from __future__ import annotations
 
 import logging
+import textwrap
 import warnings
 
 import numpy as np
@@ -246,3 +247,30 @@ def test_no_warning_without_fallback(reinit):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         reinit()
+
+
+def test_a_kernel_reads_the_fields_its_globals_name_after_a_new_init(reinit, rng):
+    """The common script shape: qd.init, a module-level field and a kernel using it, then qd.init
+    again and the field made again under the same name: the kernel uses the new field (its globals
+    are read again after each qd.init), and the old field is refused by name."""
+    source = textwrap.dedent("""
+        @qd.kernel
+        def double():
+            for i in range(8):
+                data[i] = data[i] * 2.0
+    """)
+    ns = {"qd": qd, "data": qd.field(qd.f32, shape=8, name="data")}
+    exec(source, ns)
+    old = ns["data"]
+    first = rng.random(8).astype(np.float32)
+    old.from_numpy(first)
+    ns["double"]()
+    np.testing.assert_allclose(old.to_numpy(), first * 2, rtol=1e-6)
+    reinit()
+    ns["data"] = qd.field(qd.f32, shape=8, name="data")
+    second = rng.random(8).astype(np.float32)
+    ns["data"].from_numpy(second)
+    ns["double"]()
+    np.testing.assert_allclose(ns["data"].to_numpy(), second * 2, rtol=1e-6)
+    with pytest.raises(qd.QuadrantsRuntimeError, match="field 'data'"):
+        old.to_numpy()

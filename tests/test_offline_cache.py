@@ -69,11 +69,19 @@ def run_scale(ns, rng, a=2.0):
     np.testing.assert_allclose(ns["y"].to_numpy(), (data * data + ns["OFFSET"]) * a, rtol=1e-6)
 
 
-def fresh_process():
-    """What a new process sees: nothing loaded; the kernels recompile or load from disk."""
+def fresh_process(*namespaces, **options):
+    """What a new process sees: nothing loaded; the kernels recompile or load from disk. The fields
+    of ``namespaces`` are made again under the new qd.init (which releases the old ones), of the
+    same layout and holding the same data, as a new process running the same script would."""
+    saved = [{name: (f, f.to_numpy()) for name, f in ns.items() if isinstance(f, qd.Field)} for ns in namespaces]
     offline_cache._loaded.clear()
     offline_cache.stats.__init__()
-    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=config.current.offline_cache_file_path)
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=config.current.offline_cache_file_path,
+            **options)
+    for ns, fields in zip(namespaces, saved):
+        for name, (old, data) in fields.items():
+            ns[name] = qd.Field(old.dtype, old.shape, elem_type=old.elem_type)
+            ns[name].from_numpy(data)
 
 
 def entries(path):
@@ -144,7 +152,7 @@ def test_a_hit_in_process_loads_the_entry_and_computes_the_same(cache_dir, rng):
     ns = define()
     run_scale(ns, rng)
     assert ns["scale"].compile_count == 1 and len(entries(cache_dir)) == 1
-    fresh_process()
+    fresh_process(ns)
     run_scale(ns, rng, a=-1.5)
     assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1
     assert [t.kind for t in ns["scale"].tasks(2.0)] == ["range_for"]
@@ -267,11 +275,11 @@ def test_a_bad_entry_is_discarded_with_a_warning_and_rebuilt(cache_dir, rng, how
     run_scale(ns, rng)
     [entry] = entries(cache_dir)
     _damage(entry, how)
-    fresh_process()
+    fresh_process(ns)
     with pytest.warns(QuadrantsWarning, match="discarding the unusable entry"):
         run_scale(ns, rng)
     assert ns["scale"].compile_count == 2 and offline_cache.stats.discarded == 1
-    fresh_process()                       # the rebuilt entry is good
+    fresh_process(ns)                     # the rebuilt entry is good
     run_scale(ns, rng)
     assert ns["scale"].compile_count == 2 and offline_cache.stats.hits == 1
 
@@ -279,7 +287,7 @@ def test_a_bad_entry_is_discarded_with_a_warning_and_rebuilt(cache_dir, rng, how
 def test_an_entry_removed_between_lookup_and_read_is_a_plain_miss(cache_dir, rng, recwarn):
     ns = define()
     run_scale(ns, rng)
-    fresh_process()
+    fresh_process(ns)
     k = ns["scale"]
     place = offline_cache.lookup(k, {"a": numba.float32}, {}, config.current, "cpu")
     os.unlink(place.path)
@@ -342,7 +350,7 @@ def test_lru_cleaning_keeps_the_recently_used_entries(cache_dir, rng, monkeypatc
         place = offline_cache.lookup(ns["scale"], {"a": numba.float32}, {}, config.current, "cpu")
         os.utime(place.path, (1000 + k, 1000 + k))
     oldest = offline_cache.lookup(kernels[0]["scale"], {"a": numba.float32}, {}, config.current, "cpu").path
-    fresh_process()
+    fresh_process(*kernels)
     run_scale(kernels[0], rng)              # a hit makes kernel 0 the most recently used
     monkeypatch.setattr(config.current, "offline_cache_max_size_of_files", int(size * 4.5))
     monkeypatch.setattr(config.current, "offline_cache_cleaning_factor", 0.25)
@@ -406,10 +414,9 @@ def test_template_fields_and_objects_rebind_to_the_call_arguments(cache_dir, rng
         for i in p.pos:
             out[i] = p.pos[i] + p.vel[i] * dt
     """)
-    systems = [ns["Particles"](40) for _ in range(2)]
-    outs = [qd.field(qd.f32, shape=40) for _ in range(2)]
-
     def check(compiles):
+        systems = [ns["Particles"](40) for _ in range(2)]       # the fields of this qd.init
+        outs = [qd.field(qd.f32, shape=40) for _ in range(2)]
         for p, out in zip(systems, outs):
             pos, vel = rng.random(40).astype(np.float32), rng.random(40).astype(np.float32)
             p.pos.from_numpy(pos)
@@ -428,7 +435,7 @@ def test_template_fields_and_objects_rebind_to_the_call_arguments(cache_dir, rng
 def test_an_njit_callee_kernel_hits_and_computes_the_same(cache_dir, rng):
     ns = define(SOURCE.replace("@qd.func", "@numba.njit"))
     run_scale(ns, rng)
-    fresh_process()
+    fresh_process(ns)
     run_scale(ns, rng, a=0.25)
     assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 1
 
@@ -445,9 +452,7 @@ def test_a_cached_debug_kernel_still_raises_out_of_bounds_and_returns_values(cac
     data = rng.random(64).astype(np.float32)
     ns["x"].from_numpy(data)
     assert ns["total"](64) == pytest.approx(2 * (data[0] + data[63]), rel=1e-5)
-    offline_cache._loaded.clear()
-    offline_cache.stats.__init__()
-    qd.init(arch=qd.cpu, debug=True, offline_cache=True, offline_cache_file_path=str(cache_dir))
+    fresh_process(ns, debug=True)
     assert ns["total"](10) == pytest.approx(2 * (data[0] + data[9]), rel=1e-5)
     assert offline_cache.stats.hits == 1 and ns["total"].compile_count == 1
     with pytest.raises(qd.QuadrantsRuntimeError, match="total"):

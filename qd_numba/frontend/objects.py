@@ -9,6 +9,7 @@ import inspect
 
 from numba.core import types
 
+from .. import config
 from ..errors import QuadrantsSyntaxError
 from ..typing.matrix import MatrixType
 from .args import evaluate_annotation
@@ -20,6 +21,18 @@ class KernelObject:
     """Base class of ``@qd.kernel`` objects (kernel.py), for passes to recognise them."""
 
     name: str
+
+
+def cached_frontend_ir(obj, tools):
+    """``obj.fn``'s IR from the bytecode frontend for ``tools``' IR flavour (numba.core for the CPU,
+    numba.cuda.core), kept in ``obj._ir`` for the qd.init in force: the frontend binds the global
+    names the function reads to their values (fields among them), and a ``qd.init`` releases the
+    fields of the previous one, so the function is read again after each."""
+    runtime = config.current
+    cached = obj._ir.get(id(tools.ir))
+    if cached is None or cached[0] is not runtime:
+        cached = obj._ir[id(tools.ir)] = (runtime, run_frontend(tools, obj.fn, obj.name))
+    return cached[1]
 
 
 class QdFunc:
@@ -48,10 +61,7 @@ class QdFunc:
         return None
 
     def frontend_ir(self, tools):
-        key = id(tools.ir)
-        if key not in self._ir:
-            self._ir[key] = run_frontend(tools, self.fn, self.name)
-        return self._ir[key]
+        return cached_frontend_ir(self, tools)
 
     def __call__(self, *args, **kwargs):
         raise QuadrantsSyntaxError(f"qd.func '{self.name}' can only be called from a kernel or another qd.func")

@@ -89,7 +89,9 @@ def _return_in_for_loop(tools, func_ir, returns, static_loops):
         return None
     dominators = tools.analysis.compute_cfg_from_blocks(blocks).dominators()
     for label, ret in returns.items():
-        if dominators[label] & body_entries:
+        # CPython copies the function's implicit ``return None`` to a ``break`` in the loop: a
+        # return whose line is not a ``return`` statement is that copy (Offload rules on breaks)
+        if dominators[label] & body_entries and _source_line(ret.loc).startswith("return"):
             return ret.loc
     return None
 

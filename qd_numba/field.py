@@ -31,13 +31,15 @@ _with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with nee
 
 
 def _of_this_runtime(data) -> bool:
-    """Neither the field nor its ``.grad``/``.dual`` was released by a later ``qd.init``/``qd.reset``
-    (:meth:`Field.claim`)."""
-    for part in (data, getattr(data, "grad", None), getattr(data, "dual", None)):
-        runtime = getattr(part, "_runtime", None)
-        if runtime is not None and runtime is not config.current:
-            return False
-    return True
+    """A field used under the ``qd.init`` in force (one of an earlier ``qd.init`` was released, and
+    one not used yet has nothing to clear: touching it would tie it to this one), whose
+    ``.grad``/``.dual`` belong to no other; ndarrays always."""
+    if not isinstance(data, Field):
+        return True
+    current = config.current
+    if data._runtime is not current:
+        return False
+    return all(getattr(part, "_runtime", None) in (None, current) for part in (data.grad, data.dual))
 
 
 def gradient_holders() -> list:

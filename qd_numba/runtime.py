@@ -87,6 +87,7 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
                                     "neither is available here")
     new_config = config.config_from_env(arch=arch, **overrides, **options)
     _install(new_config)
+    target_for(new_config.arch).configure(new_config)
 
 
 def _install(new_config: config.Config) -> None:

@@ -265,8 +265,10 @@ def test_cuda_anchor_matches_finite_differences(rng):
                 dv = dv * np.cos(v) * 1.01
                 v = np.sin(v) * 1.01
             np.testing.assert_allclose(x.grad.to_numpy(), dv, rtol=1e-10)
-        qd.init(arch=qd.cuda, ad_stack_size=4)
+        qd.init(arch=qd.cuda, ad_stack_size=4)   # releases the fields above: make them again
         x2 = qd.field(qd.f64, shape=(64,), needs_grad=True)
+        n = qd.field(qd.i32, shape=())
+        loss = qd.field(qd.f64, shape=(), needs_grad=True)
 
         @qd.kernel
         def small():

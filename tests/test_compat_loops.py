@@ -300,9 +300,15 @@ def test_vector_and_matrix_kernel_scope_locals(rng):
 
 @pytest.fixture
 def on_cuda():
+    def fresh_fields():   # a qd.init releases the module's fields; the kernels read their globals again
+        global vf, scalar
+        vf, scalar = qd.field(qd.f64, shape=(3, 4, 2)), qd.field(qd.f64, shape=())
+
     qd.init(arch=qd.cuda)
+    fresh_fields()
     yield
     qd.init(arch=qd.cpu)
+    fresh_fields()
 
 
 @pytest.mark.cuda

@@ -17,6 +17,7 @@ from qd_numba.passes.base import IRTools
 from qd_numba.passes.task_ir import CUT_COUNTS, cut_task
 from qd_numba.passes.task_types import type_tasks
 from qd_numba.targets import cpu
+from qd_numba.targets.base import target_for
 from qd_numba.targets.cuda.compile import numba_cuda_importable
 from qd_numba.targets.untyped import untyped_compile
 
@@ -190,7 +191,7 @@ def test_tasks_carry_the_types_the_cpu_lowers(rng):
     # second type inference), carry the types the whole-kernel inference gives, but for the
     # loops' range plumbing in the serial code, which the CPU driver replaces by its launches
     plumbing = {s.target.name for lp in state.loops for s in lp.plumbing}
-    compiled = mixed.tasks(a, 3.0)
+    compiled = target_for("cpu").kernel_backend(mixed).tasks((a, 3.0))   # the CPU's, on any --arch
     assert [t.types for t in compiled] == [
         u.types if u.kind == "range_for" else {n: ty for n, ty in u.types.items() if n not in plumbing}
         for u in units]

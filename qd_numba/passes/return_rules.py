@@ -78,22 +78,40 @@ def _return_in_for_loop(tools, func_ir, returns, static_loops):
         return None
     ir = tools.ir
     blocks = func_ir.blocks
-    body_entries = set()
+    body_entries = {}   # body entry label -> the loop's `for` statement loc
     for block in blocks.values():
         term = block.body[-1]
         if isinstance(term, ir.Branch):
             iterator = _for_header_iterator(ir, block)
             if iterator is not None and not (static_loops and _iterates_static(ir, func_ir, iterator)):
-                body_entries.add(term.truebr)
+                body_entries[term.truebr] = term.loc
     if not body_entries:
         return None
     dominators = tools.analysis.compute_cfg_from_blocks(blocks).dominators()
     for label, ret in returns.items():
-        # CPython copies the function's implicit ``return None`` to a ``break`` in the loop: a
-        # return whose line is not a ``return`` statement is that copy (Offload rules on breaks)
-        if dominators[label] & body_entries and _source_line(ret.loc).startswith("return"):
+        loops = [body_entries[e] for e in dominators[label] & body_entries.keys()]
+        # CPython copies a function's last statement (a ``return`` after the loop, or the implicit
+        # ``return None``) to the end of a ``break`` path: a return no deeper than its loop's
+        # ``for`` (or with no ``return`` on its line) is such a copy, and Offload rules on breaks
+        if any(_inside(ret.loc, for_loc) for for_loc in loops):
             return ret.loc
     return None
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _inside(ret_loc, for_loc) -> bool:
+    """Whether the ``return`` at ``ret_loc`` is written inside the loop whose ``for`` is at
+    ``for_loc`` (indented deeper); without source, a ``return`` is taken to be inside."""
+    line = linecache.getline(ret_loc.filename, ret_loc.line) if ret_loc is not None and ret_loc.line else ""
+    if not line.strip().startswith("return"):
+        return False
+    header = linecache.getline(for_loc.filename, for_loc.line) if for_loc is not None and for_loc.line else ""
+    if not header.strip():
+        return True
+    return _indent(line) > _indent(header)
 
 
 def _for_header_iterator(ir, block):

@@ -70,6 +70,10 @@ class Target:
         """``qd.init`` chose this target: check that it can run here and make its device ready,
         so that a missing device is an error of ``qd.init`` (QuadrantsRuntimeError)."""
 
+    def configure(self, cfg) -> None:
+        """``qd.init`` installed ``cfg`` with this target: apply the device settings it holds
+        (CUDA: ``cuda_stack_limit``). Nothing by default."""
+
 
 def target_for(arch: str) -> Target:
     """The target of ``arch`` (made once per process)."""

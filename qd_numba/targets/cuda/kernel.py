@@ -47,6 +47,9 @@ class CudaTarget(Target):
                                         "`pip install qd_numba[cuda]`); use qd.cpu")
         CudaRuntime.get()
 
+    def configure(self, cfg) -> None:
+        CudaRuntime.get().apply_stack_limit(cfg.cuda_stack_limit)
+
 
 class CudaKernel(KernelBackend):
     """The CUDA side of one ``@qd.kernel``: its launch plans, per argument spec."""
@@ -143,7 +146,6 @@ class CudaKernel(KernelBackend):
     def _build(self, args, views):
         kernel = self.kernel
         param_types, templates = plan_types(kernel, args, views)
-        CudaRuntime.get().apply_stack_limit(config.current.cuda_stack_limit)   # before the first launch
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "cuda"):
                 return build_plan(kernel, param_types, templates)

@@ -25,6 +25,8 @@ for step in "$@"; do
     debug) python3 .devscratch/plans_debug.py 2>&1 | tail -8 ;;
     profile) bash .devscratch/warm_profile.sh 2>&1 | tail -70 ;;
     marked) python3 -m pytest -q -p no:cacheprovider -n 8 -m cuda tests 2>&1 | tail -8 ;;
+    stages) bash .devscratch/stages.sh 2>&1 | tail -20 ;;
+    probe) bash .devscratch/launch_probe.sh 2>&1 | tail -60 ;;
     cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac
 done

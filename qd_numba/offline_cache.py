@@ -381,6 +381,13 @@ def store(place: Lookup, payload, artefact) -> None:
     except Exception:   # a value the artefact holds has no pickled form (a module object in a loop bound)
         stats.uncacheable += 1
         return
+    if _write(place, data):
+        stats.writes += 1
+
+
+def _write(place: Lookup, data: bytes) -> bool:
+    """Write ``data`` as the file of ``place``: a temporary file renamed under the directory's
+    lock, then the cleaning policy. False (and one warning per process) if it cannot be written."""
     directory = os.path.dirname(place.path)
     tmp = None
     try:
@@ -391,13 +398,43 @@ def store(place: Lookup, payload, artefact) -> None:
                 f.write(data)
             os.replace(tmp, place.path)
             tmp = None
-            stats.writes += 1
             clean(place.root)
+        return True
     except OSError as e:
         _warn_once(place.root, "write", f"cannot write to {place.root} ({e}); kernels compile in every process")
+        return False
     finally:
         if tmp is not None:
             _remove(tmp)
+
+
+def load_blob(key: str):
+    """A process-independent artefact that is not a kernel (the CUDA launchers' object code),
+    stored under ``key`` by :func:`store_blob`, or None. Kernel statistics are not counted. A
+    file that is damaged (its checksum is verified: machine code is never loaded from a damaged
+    file), foreign or of another version is removed with a warning."""
+    place = Lookup(key, {}, cache_root())
+    try:
+        with open(place.path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        stored_versions, stored_key, (digest, blob) = pickle.loads(data)
+        if stored_versions != versions() or stored_key != key or hashlib.sha256(blob).hexdigest() != digest:
+            raise ValueError("another version or key, or a checksum mismatch")
+        return pickle.loads(blob)
+    except Exception as e:
+        _warn(f"discarding the unusable entry {place.path} ({type(e).__name__}: {str(e)[:200]})")
+        _remove(place.path)
+        return None
+
+
+def store_blob(key: str, value) -> None:
+    """Write ``value`` (picklable, holding nothing specific to this process) under ``key``."""
+    blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    _write(Lookup(key, {}, cache_root()),
+           pickle.dumps((versions(), key, (hashlib.sha256(blob).hexdigest(), blob)), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _dir_lock(root: str):

@@ -1,11 +1,16 @@
 """The native launch loops (targets/cuda/runtime.Launchers), run here without a GPU: the driver's
 cuLaunchKernel and cuEventRecord are replaced by ctypes stand-ins that record their calls."""
 
+import contextlib
 import ctypes
+import os
 
 import numpy as np
 import pytest
 
+from qd_numba import config
+from qd_numba.errors import QuadrantsWarning
+from qd_numba.targets.cuda import runtime
 from qd_numba.targets.cuda.runtime import PACK_HEAD, PACK_TASK, Launchers
 
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_uint64] + [ctypes.c_uint32] * 7 + [ctypes.c_uint64] * 3))
@@ -27,18 +32,69 @@ def _record(event, stream):
     return 0
 
 
-_LAUNCHERS = []   # one set of launch loops for the module (engines live as long as the process)
+_LAUNCHERS = {}   # per way of building: launch loops for the module (engines live as long as the process)
 
 
-@pytest.fixture
-def driver():
-    if not _LAUNCHERS:
-        _LAUNCHERS.append(Launchers(ctypes.cast(_launch, ctypes.c_void_p).value,
-                                    ctypes.cast(_record, ctypes.c_void_p).value))
+@contextlib.contextmanager
+def offline_cache_at(path):
+    saved = config.current.offline_cache, config.current.offline_cache_file_path
+    config.current.offline_cache, config.current.offline_cache_file_path = True, str(path)
+    try:
+        yield
+    finally:
+        config.current.offline_cache, config.current.offline_cache_file_path = saved
+
+
+def stand_in_launchers():
+    return Launchers(ctypes.cast(_launch, ctypes.c_void_p).value, ctypes.cast(_record, ctypes.c_void_p).value)
+
+
+def cache_files(path):
+    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files if f.endswith(".qdc")]
+
+
+@pytest.fixture(params=["built", "from the offline cache"])
+def driver(request, tmp_path_factory):
+    if request.param not in _LAUNCHERS:
+        if request.param == "built":
+            _LAUNCHERS["built"] = stand_in_launchers()
+        else:   # the second process's path: the object code written by the first is loaded
+            cache = tmp_path_factory.mktemp("launchers_cache")
+            with offline_cache_at(cache):
+                stand_in_launchers()
+                assert len(cache_files(cache)) == 1
+                _LAUNCHERS["from the offline cache"] = stand_in_launchers()
     _STATE["launches"].clear()
     _STATE["records"].clear()
     _STATE["fail"].clear()
-    return {**_STATE, "launchers": _LAUNCHERS[0]}
+    return {**_STATE, "launchers": _LAUNCHERS[request.param]}
+
+
+def test_launcher_code_holds_no_process_address():
+    """The IR the object code is made from reaches the driver and CPython through globals set
+    at load time: nothing in it is an address of this process, so its object code can be cached."""
+    text = runtime._launchers_ir()
+    addresses = [ctypes.cast(_launch, ctypes.c_void_p).value, ctypes.cast(_record, ctypes.c_void_p).value,
+                 ctypes.cast(ctypes.pythonapi.PyLong_AsVoidPtr, ctypes.c_void_p).value]
+    assert not any(str(a) in text for a in addresses)
+    assert "inttoptr (i64" not in text and all(name in text for name in runtime._EXTERNALS)
+
+
+def test_a_damaged_launcher_entry_is_discarded_and_rebuilt(tmp_path, rng):
+    with offline_cache_at(tmp_path):
+        stand_in_launchers()
+        (path,) = cache_files(tmp_path)
+        data = bytearray(open(path, "rb").read())
+        for k in rng.integers(len(data) // 2, len(data), 8):   # damage the object code's bytes
+            data[k] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+        with pytest.warns(QuadrantsWarning, match="discarding the unusable entry"):
+            launchers = stand_in_launchers()
+        assert len(cache_files(tmp_path)) == 1          # written again
+    _STATE["launches"].clear()
+    packed, tasks = packed_tasks(rng, 4, stream=5)
+    assert launchers.launch_all(packed.ctypes.data) == -1
+    assert _STATE["launches"] == [expected_call(t, 5) for t in tasks if t[1] > 0]
 
 
 def packed_tasks(rng, n, stream):

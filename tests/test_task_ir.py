@@ -58,7 +58,7 @@ class _CountingAnalysis:
 
 def _cpu_state(kernel, param_types, templates=None):
     """The kernel's planned state on the CPU, its Tasks typed by one whole-kernel type inference
-    (what the CUDA target does; the CPU compile takes the types from its own lowering instead)."""
+    (the reference; both targets take the types from their own lowering instead)."""
     state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates or {})
     argtypes = [param_types[n] for n in state.runtime_params] + [field_type(f, False) for f in state.hidden]
     whole_kernel = compiler.Compiler(cpu_target.typing_context, cpu_target.target_context, None, tuple(argtypes),
@@ -68,20 +68,21 @@ def _cpu_state(kernel, param_types, templates=None):
 
 
 def _cuda_state(kernel, param_types, templates=None):
+    """The kernel's planned state on CUDA, its Tasks typed by compiling them (each task is typed
+    once, as it is lowered), and the types of the values that cross tasks."""
     from qd_numba.targets.cuda import plan as qc
-    from qd_numba.targets.cuda import tasks as cuda_tasks
 
     state = qc.compile_state(kernel, param_types, templates or {})
-    argtypes = [param_types[n] for n in state.runtime_params] + [qc.field_token(f).ty for f in state.hidden]
-    cuda_tasks.type_kernel(state, argtypes, (9, 0))
-    return state
+    _, _, temp_types = qc.compile_tasks(kernel, state, (9, 0), qc.kernel_field_slots(state))
+    return state, temp_types
 
 
-def _cuda_abi(state):
+def _cuda_abi(state, temp_types):
     from qd_numba.targets.cuda import plan as qc
     from qd_numba.targets.cuda import tasks as cuda_tasks
 
-    return cuda_tasks.CudaTaskABI(state, qc.kernel_field_slots(state), qc.field_token, state.task_plan.ret_slot)
+    return cuda_tasks.CudaTaskABI(state, qc.kernel_field_slots(state), qc.field_token, state.task_plan.ret_slot,
+                                  temp_types)
 
 
 def _cut_all(state, abi, units):
@@ -103,8 +104,8 @@ def test_cutting_is_linear_in_the_number_of_loops(target, rng):
             state = _cpu_state(kernel, {"s": types.float32})
             abi, units = cpu.CPU_TASK_ABI, [u for u in state.task_plan.units if u.kind == "range_for"]
         else:
-            state = _cuda_state(kernel, {"s": types.float32})
-            abi, units = _cuda_abi(state), state.task_plan.units
+            state, temp_types = _cuda_state(kernel, {"s": types.float32})
+            abi, units = _cuda_abi(state, temp_types), state.task_plan.units
         statements, analyses, cuts = _cut_all(state, abi, units)
         assert analyses == 0                  # the plan's one liveness analysis is reused
         scope = state.func_ir.blocks[min(state.func_ir.blocks)].scope

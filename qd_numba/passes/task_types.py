@@ -4,11 +4,12 @@ Input: the kernel IR after PlanTasks (``state.task_plan``), the Numba types of t
 arguments (runtime parameters, then the hidden field arguments) and a target's compiler object
 (its typing context, flags, pipeline): the target's own ``Compiler`` built for those arguments.
 
-What it does: Numba's untyped pipeline and type inference of that compiler — the same passes a
-task function goes through before it is lowered, SSA included — run once on a copy of the whole
-kernel IR (:func:`type_tasks`, the CUDA target). The CPU target, which types its driver and task
-functions anyway to lower them into one library, hands those typed functions to
-:class:`TaskTyper` instead of typing the kernel a second time. The typemap is then cut per unit:
+What it does: the targets type the pieces they lower anyway — the CPU its driver and task
+functions, CUDA its task kernels (in program order, a value crossing tasks typed where it is
+stored) — and hand those typed pieces to :class:`TaskTyper`, so a kernel is typed once.
+:func:`type_tasks` instead runs Numba's untyped pipeline and type inference of a compiler — the
+same passes a task function goes through before it is lowered, SSA included — once on a copy of
+the whole kernel IR: the reference the tests compare the targets' types with. The typemap is then cut per unit:
 ``unit.types`` (and ``unit.task.types``) maps every
 variable of the unit's blocks, its live-ins, the values it loads or recomputes and its live-outs to
 its Numba type (literals widened, as a value stored to a temporary or passed to a task is). A name
@@ -105,6 +106,8 @@ class TaskTyper:
                     found.setdefault(name, set()).update(by_label.get(label, {}).get(name, ()))
             unit.types = {}
             for name, tys in sorted(found.items()):
+                if not tys:     # typed nowhere: left out
+                    continue
                 ty = typingctx.unify_types(*tys) if len(tys) > 1 else next(iter(tys))
                 if ty is not None:
                     unit.types[name] = ty

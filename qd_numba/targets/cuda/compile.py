@@ -494,6 +494,7 @@ class LoweredTask:
     nrt: bool                   # NRT on in the target context: link its library when the PTX uses it
     lowering_seconds: float
     typemap: dict = field(repr=False)
+    blocks: dict = field(repr=False)          # the typed IR's blocks (SSA versions), what typemap types
     error_symbol: str | None = None
     exception_of: Callable[[int], tuple] | None = field(default=None, repr=False)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -637,6 +638,7 @@ def lower_task(
         nrt=bool(getattr(cres.target_context, "enable_nrt", False)),
         lowering_seconds=seconds,
         typemap=dict(getattr(cres.fndesc, "typemap", None) or {}),
+        blocks=cres.type_annotation.blocks,
         error_symbol=kernel.name + "__errcode__" if debug or exceptions else None,
         exception_of=cres.call_helper.get_exception if debug or exceptions else None,
     )

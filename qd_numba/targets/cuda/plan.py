@@ -31,7 +31,9 @@ from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
 from ...lowering.raising import device_exception
+from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ...passes.task_ir import cut_task
+from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
 from . import tasks as cuda_tasks
 from .arrays import _view_type
@@ -44,11 +46,11 @@ from .runtime import (
     launchers,
 )
 
-CODEGEN_STAGES = ("task typing: the kernel typed once with numba-cuda's typing context, each Task given its "
-                  "types (passes/task_types.py)",
-                  "split into task kernels: range-for -> grid-stride kernel, serial code -> 1-thread kernel "
-                  "(passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
-                  "per task: numba-cuda typing + lowering, NVVM, nvJitLink -> cubin (targets/cuda/compile.py)",
+CODEGEN_STAGES = ("split into task kernels, in program order: range-for -> grid-stride kernel, serial code -> "
+                  "1-thread kernel (passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
+                  "per task: numba-cuda typing (the task's only one) + lowering, then NVVM, nvJitLink -> cubin "
+                  "on a pool (targets/cuda/compile.py); the Tasks get their types from the typed task kernels "
+                  "(passes/task_types.py)",
                   "launch plan: cubins loaded, parameters pre-packed, host iteration counts (targets/cuda/plan.py)")
 
 
@@ -331,19 +333,24 @@ def compile_state(kernel, param_types, templates):
 
 
 def compile_tasks(kernel, state, cc, field_slot):
-    """Compile every task kernel to a cubin. The kernel is typed once (its Tasks carry the
-    types), so each task compiles on its own: NVVM + nvJitLink of each task run on a pool while
-    the next task lowers (compile.py). Returns (plan_ir, [(unit, task IR, compiled)], Numba type
-    of each value passed through a temporary, the return value's as "$qd_return")."""
+    """Compile every task kernel to a cubin. Each task is typed once, by numba-cuda as it lowers
+    it, in program order: a value that crosses tasks through a temporary takes the type it has in
+    the task that stores it, and the Tasks get their types from the typed task kernels together
+    (passes/task_types.py, as the CPU target does), with no whole-kernel type inference. NVVM +
+    nvJitLink of each task run on a pool while the next task lowers (compile.py). Returns
+    (plan_ir, [(unit, task IR, compiled)], Numba type of each value passed through a temporary,
+    the return value's as "$qd_return")."""
+    from numba.cuda.descriptor import cuda_target
+
     from .compile import DeviceCodegen, lower_task
 
     plan_ir = state.task_plan
     debug = config.current.debug
-    with profiler.stage("task typing"):
-        argtypes = [state.param_types[n] for n in state.runtime_params] + [field_token(f).ty for f in state.hidden]
-        cuda_tasks.type_kernel(state, argtypes, cc)
-    abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot)
-    lowered = []
+    typer = TaskTyper(state)        # from the kernel IR as planned, before any task is cut
+    temp_types: dict = {}
+    return_type = None
+    abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot, temp_types)
+    lowered, pieces = [], []
     with DeviceCodegen(config.current.compile_threads) as codegen:
         for unit in plan_ir.units:
             with profiler.stage("task split"):
@@ -354,13 +361,33 @@ def compile_tasks(kernel, state, cc, field_slot):
                 print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
                 tk.func_ir.dump()
             argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
-            codegen.submit(lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug))
+            task = lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
+            codegen.submit(task)
+            stored = _stored_types(task, state.ir)
+            temp_types.update((name, stored[f"$qd_temp_store_{slot}"]) for name, slot in unit.stores.items())
+            return_type = stored.get("$qd_temp_store_ret", return_type)
+            # the task kernel's entry block (label 0: its parameters, loads and recomputed values)
+            # counts as the unit's first block
+            labels = {0: min(unit.labels), **{label + TASK_LABEL_SHIFT: label for label in unit.labels}}
+            pieces.append(TypedPiece(task.blocks, task.typemap, labels))
             lowered.append((unit, tk))
         compiled = codegen.results()
-    temp_types = {name: unit.types[name] for unit in plan_ir.units for name in unit.stores}
+    typer.assign(pieces, return_type, cuda_target.typing_context)
+    temp_types = dict(temp_types)
     if plan_ir.ret_slot is not None:
         temp_types["$qd_return"] = plan_ir.return_type
     return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
+
+
+def _stored_types(task, ir) -> dict:
+    """``"$qd_temp_store_<slot>"`` / ``"$qd_temp_store_ret"`` -> the Numba type of the value a typed
+    task kernel stores there (tasks.py ``CudaTaskABI``), literals widened."""
+    out = {}
+    for block in task.blocks.values():
+        for stmt in block.body:
+            if isinstance(stmt, ir.Assign) and stmt.target.name.startswith("$qd_temp_store_"):
+                out[stmt.target.name] = types.unliteral(task.typemap[stmt.value.args[2].name])
+    return out
 
 
 def kernel_field_slots(state):

@@ -17,6 +17,7 @@ import threading
 
 import numpy as np
 
+from ... import config, offline_cache
 from ...errors import QuadrantsRuntimeError
 
 FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
@@ -44,6 +45,117 @@ def _check(result, what):
 PACK_HEAD, PACK_TASK = 2, 4
 
 
+def _launchers_ir() -> str:
+    """The LLVM IR of :class:`Launchers`. It holds no address of this process: the functions it
+    calls are reached through the globals of ``_EXTERNALS``, set once the code is loaded, so the
+    object code can be cached on disk and loaded by any process."""
+    from llvmlite import ir
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    launch_ty = ir.FunctionType(i32, [i64, i32, i32, i32, i32, i32, i32, i32, i64, i64, i64])
+    record_ty = ir.FunctionType(i32, [i64, i64])
+    module = ir.Module("qd_launchers")
+    one, zero32 = ir.Constant(i32, 1), ir.Constant(i32, 0)
+    externals = {}
+    for name in _EXTERNALS:
+        externals[name] = ir.GlobalVariable(module, i64, name)
+        externals[name].initializer = ir.Constant(i64, 0)
+
+    def external(b, name, fnty):
+        return b.inttoptr(b.load(externals[name]), fnty.as_pointer())
+
+    def word(b, packed, index):
+        return b.load(b.gep(packed, [index]))
+
+    def task_words(b, packed, k):
+        base = b.add(ir.Constant(i64, PACK_HEAD), b.mul(k, ir.Constant(i64, PACK_TASK)))
+        return [word(b, packed, b.add(base, ir.Constant(i64, j))) for j in range(PACK_TASK)]
+
+    def failed(b, k, err):   # (k << 32) | err
+        return b.or_(b.shl(k, ir.Constant(i64, 32)), b.zext(err, i64))
+
+    def loop(name, extra, body):
+        """``name(packed, *extra)``: for k in range(packed[0]): body(...) -> err (i32, 0: go on)."""
+        fn = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), *extra]), name)
+        entry, head, work, fail, done = (fn.append_basic_block(n) for n in ("entry", "head", "work", "fail",
+                                                                              "done"))
+        b = ir.IRBuilder(entry)
+        packed = fn.args[0]
+        n, stream = word(b, packed, ir.Constant(i64, 0)), word(b, packed, ir.Constant(i64, 1))
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(i64)
+        k.add_incoming(ir.Constant(i64, 0), entry)
+        b.cbranch(b.icmp_signed("<", k, n), work, done)
+        b.position_at_end(work)
+        err = body(b, fn, packed, k, stream)
+        nxt = b.add(k, ir.Constant(i64, 1))
+        k.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_unsigned("!=", err, zero32), fail, head)
+        b.position_at_end(fail)
+        b.ret(failed(b, k, err))
+        b.position_at_end(done)
+        b.ret(ir.Constant(i64, -1))
+
+    def launch_if_work(b, fn, packed, k, stream):
+        """cuLaunchKernel of task k if its grid is positive -> CUresult (0 without a launch)."""
+        task, grid, block, params = task_words(b, packed, k)
+        start = b.block
+        go, join = fn.append_basic_block("go"), fn.append_basic_block("join")
+        b.cbranch(b.icmp_signed(">", grid, ir.Constant(i64, 0)), go, join)
+        b.position_at_end(go)
+        target = external(b, "qd_extern_cuLaunchKernel", launch_ty)
+        err = b.call(target, [task, b.trunc(grid, i32), one, one, b.trunc(block, i32), one, one, zero32, stream,
+                              params, ir.Constant(i64, 0)])
+        b.branch(join)
+        b.position_at_end(join)
+        result = b.phi(i32)
+        result.add_incoming(zero32, start)
+        result.add_incoming(err, go)
+        return result
+
+    def timed(b, fn, packed, k, stream):
+        events = fn.args[1]
+        rec = external(b, "qd_extern_cuEventRecord", record_ty)
+        two_k = b.shl(k, ir.Constant(i64, 1))
+        err = b.call(rec, [word(b, events, two_k), stream])
+        before = b.block
+        launched, recorded, after = (fn.append_basic_block(n) for n in ("launch", "record_after", "after"))
+        b.cbranch(b.icmp_unsigned("==", err, zero32), launched, after)
+        b.position_at_end(launched)
+        err2 = launch_if_work(b, fn, packed, k, stream)
+        launched_end = b.block
+        b.cbranch(b.icmp_unsigned("==", err2, zero32), recorded, after)
+        b.position_at_end(recorded)
+        err3 = b.call(rec, [word(b, events, b.add(two_k, ir.Constant(i64, 1))), stream])
+        b.branch(after)
+        b.position_at_end(after)
+        result = b.phi(i32)
+        result.add_incoming(err, before)
+        result.add_incoming(err2, launched_end)
+        result.add_incoming(err3, recorded)
+        return result
+
+    loop("qd_launch_all", [], launch_if_work)
+    loop("qd_launch_timed", [i64.as_pointer()], timed)
+    one_task = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), i64]), "qd_launch_task")
+    b = ir.IRBuilder(one_task.append_basic_block("entry"))
+    packed, k = one_task.args
+    err = launch_if_work(b, one_task, packed, k, word(b, packed, ir.Constant(i64, 1)))
+    b.ret(b.select(b.icmp_unsigned("==", err, zero32), ir.Constant(i64, -1), failed(b, k, err)))
+
+    # launch_all as a CPython builtin (METH_NOARGS) whose ``self`` is the packed array's
+    # address: the hot path's call costs what calling len() does, no argument conversion
+    obj = ir.IntType(8).as_pointer()
+    builtin = ir.Function(module, ir.FunctionType(obj, [obj, obj]), "qd_launch_all_builtin")
+    b = ir.IRBuilder(builtin.append_basic_block("entry"))
+    as_ptr = external(b, "qd_extern_PyLong_AsVoidPtr", ir.FunctionType(obj, [obj]))
+    from_i64 = external(b, "qd_extern_PyLong_FromLongLong", ir.FunctionType(obj, [i64]))
+    packed = b.bitcast(b.call(as_ptr, [builtin.args[0]]), i64.as_pointer())
+    b.ret(b.call(from_i64, [b.call(module.get_global("qd_launch_all"), [packed])]))
+    return str(module)
+
+
 class Launchers:
     """The native launch loops, built straight with llvmlite (no Numba compile, so a process
     whose kernels all come from the offline cache never starts Numba's CPU compiler), each
@@ -63,116 +175,31 @@ class Launchers:
 
     def __init__(self, launch: int, record: int):
         import llvmlite.binding as llvm
-        from llvmlite import ir
-
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        launch_ty = ir.FunctionType(i32, [i64, i32, i32, i32, i32, i32, i32, i32, i64, i64, i64])
-        record_ty = ir.FunctionType(i32, [i64, i64])
-        module = ir.Module("qd_launchers")
-        one, zero32 = ir.Constant(i32, 1), ir.Constant(i32, 0)
-
-        def word(b, packed, index):
-            return b.load(b.gep(packed, [index]))
-
-        def task_words(b, packed, k):
-            base = b.add(ir.Constant(i64, PACK_HEAD), b.mul(k, ir.Constant(i64, PACK_TASK)))
-            return [word(b, packed, b.add(base, ir.Constant(i64, j))) for j in range(PACK_TASK)]
-
-        def failed(b, k, err):   # (k << 32) | err
-            return b.or_(b.shl(k, ir.Constant(i64, 32)), b.zext(err, i64))
-
-        def loop(name, extra, body):
-            """``name(packed, *extra)``: for k in range(packed[0]): body(...) -> err (i32, 0: go on)."""
-            fn = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), *extra]), name)
-            entry, head, work, fail, done = (fn.append_basic_block(n) for n in ("entry", "head", "work", "fail",
-                                                                                  "done"))
-            b = ir.IRBuilder(entry)
-            packed = fn.args[0]
-            n, stream = word(b, packed, ir.Constant(i64, 0)), word(b, packed, ir.Constant(i64, 1))
-            b.branch(head)
-            b.position_at_end(head)
-            k = b.phi(i64)
-            k.add_incoming(ir.Constant(i64, 0), entry)
-            b.cbranch(b.icmp_signed("<", k, n), work, done)
-            b.position_at_end(work)
-            err = body(b, fn, packed, k, stream)
-            nxt = b.add(k, ir.Constant(i64, 1))
-            k.add_incoming(nxt, b.block)
-            b.cbranch(b.icmp_unsigned("!=", err, zero32), fail, head)
-            b.position_at_end(fail)
-            b.ret(failed(b, k, err))
-            b.position_at_end(done)
-            b.ret(ir.Constant(i64, -1))
-
-        def launch_if_work(b, fn, packed, k, stream):
-            """cuLaunchKernel of task k if its grid is positive -> CUresult (0 without a launch)."""
-            task, grid, block, params = task_words(b, packed, k)
-            start = b.block
-            go, join = fn.append_basic_block("go"), fn.append_basic_block("join")
-            b.cbranch(b.icmp_signed(">", grid, ir.Constant(i64, 0)), go, join)
-            b.position_at_end(go)
-            target = b.inttoptr(ir.Constant(i64, launch), launch_ty.as_pointer())
-            err = b.call(target, [task, b.trunc(grid, i32), one, one, b.trunc(block, i32), one, one, zero32, stream,
-                                  params, ir.Constant(i64, 0)])
-            b.branch(join)
-            b.position_at_end(join)
-            result = b.phi(i32)
-            result.add_incoming(zero32, start)
-            result.add_incoming(err, go)
-            return result
-
-        def timed(b, fn, packed, k, stream):
-            events = fn.args[1]
-            rec = b.inttoptr(ir.Constant(i64, record), record_ty.as_pointer())
-            two_k = b.shl(k, ir.Constant(i64, 1))
-            err = b.call(rec, [word(b, events, two_k), stream])
-            before = b.block
-            launched, recorded, after = (fn.append_basic_block(n) for n in ("launch", "record_after", "after"))
-            b.cbranch(b.icmp_unsigned("==", err, zero32), launched, after)
-            b.position_at_end(launched)
-            err2 = launch_if_work(b, fn, packed, k, stream)
-            launched_end = b.block
-            b.cbranch(b.icmp_unsigned("==", err2, zero32), recorded, after)
-            b.position_at_end(recorded)
-            err3 = b.call(rec, [word(b, events, b.add(two_k, ir.Constant(i64, 1))), stream])
-            b.branch(after)
-            b.position_at_end(after)
-            result = b.phi(i32)
-            result.add_incoming(err, before)
-            result.add_incoming(err2, launched_end)
-            result.add_incoming(err3, recorded)
-            return result
-
-        loop("qd_launch_all", [], launch_if_work)
-        loop("qd_launch_timed", [i64.as_pointer()], timed)
-        one_task = ir.Function(module, ir.FunctionType(i64, [i64.as_pointer(), i64]), "qd_launch_task")
-        b = ir.IRBuilder(one_task.append_basic_block("entry"))
-        packed, k = one_task.args
-        err = launch_if_work(b, one_task, packed, k, word(b, packed, ir.Constant(i64, 1)))
-        b.ret(b.select(b.icmp_unsigned("==", err, zero32), ir.Constant(i64, -1), failed(b, k, err)))
-
-        # launch_all as a CPython builtin (METH_NOARGS) whose ``self`` is the packed array's
-        # address: the hot path's call costs what calling len() does, no argument conversion
-        obj = ir.IntType(8).as_pointer()
-        api = {name: ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
-               for name in ("PyLong_AsVoidPtr", "PyLong_FromLongLong")}
-        builtin = ir.Function(module, ir.FunctionType(obj, [obj, obj]), "qd_launch_all_builtin")
-        b = ir.IRBuilder(builtin.append_basic_block("entry"))
-        as_ptr = b.inttoptr(ir.Constant(i64, api["PyLong_AsVoidPtr"]), ir.FunctionType(obj, [obj]).as_pointer())
-        from_i64 = b.inttoptr(ir.Constant(i64, api["PyLong_FromLongLong"]), ir.FunctionType(obj, [i64]).as_pointer())
-        packed = b.bitcast(b.call(as_ptr, [builtin.args[0]]), i64.as_pointer())
-        b.ret(b.call(from_i64, [b.call(module.get_global("qd_launch_all"), [packed])]))
 
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        parsed = llvm.parse_assembly(str(module))
+        key = _launchers_key()
+        cached = offline_cache.load_blob(key) if config.current.offline_cache else None
+        ir_text, obj = cached if cached is not None else (_launchers_ir(), None)
+        parsed = llvm.parse_assembly(ir_text)
         parsed.verify()
         machine = llvm.Target.from_default_triple().create_target_machine(opt=2)
         self._engine = llvm.create_mcjit_compiler(parsed, machine)
+        compiled = []
+        self._engine.set_object_cache(lambda _module, buffer: compiled.append(bytes(buffer)), lambda _module: obj)
         self._engine.finalize_object()
+        if obj is None and compiled and config.current.offline_cache:
+            offline_cache.store_blob(key, (ir_text, compiled[0]))
         # engines live until the process ends: a test run that disposed several of them next to
         # Numba's own engine aborted at exit in LLVM's StringMap (seen with llvmlite 0.50)
         _ENGINES.append(self._engine)
+        api = {name: ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
+               for name in ("PyLong_AsVoidPtr", "PyLong_FromLongLong")}
+        addresses = {"qd_extern_cuLaunchKernel": launch, "qd_extern_cuEventRecord": record,
+                     "qd_extern_PyLong_AsVoidPtr": api["PyLong_AsVoidPtr"],
+                     "qd_extern_PyLong_FromLongLong": api["PyLong_FromLongLong"]}
+        for name in _EXTERNALS:
+            ctypes.c_int64.from_address(self._engine.get_global_value_address(name)).value = addresses[name]
         address = self._engine.get_function_address
         c_i64, c_ptr = ctypes.c_int64, ctypes.c_void_p
         self.launch_all = ctypes.CFUNCTYPE(c_i64, c_ptr)(address("qd_launch_all"))
@@ -187,6 +214,22 @@ class Launchers:
 
 
 _ENGINES: list = []
+_EXTERNALS = ("qd_extern_cuLaunchKernel", "qd_extern_cuEventRecord", "qd_extern_PyLong_AsVoidPtr",
+              "qd_extern_PyLong_FromLongLong")
+
+
+def _launchers_key() -> str:
+    """The offline-cache key of the launchers' code: this module's source (which builds it), the
+    host triple and llvmlite's version (its LLVM makes the object code)."""
+    import hashlib
+
+    import llvmlite
+    import llvmlite.binding as llvm
+
+    with open(__file__, "rb") as f:
+        source = f.read()
+    return hashlib.sha256(b"qd_launchers\0" + source + llvm.get_process_triple().encode() +
+                          llvmlite.__version__.encode()).hexdigest()
 
 
 class _PyMethodDef(ctypes.Structure):

@@ -1,5 +1,4 @@
-"""The GPU task kernels of a planned kernel: the CUDA hooks of the task cutter, and the kernel's
-one type inference with numba-cuda's typing context.
+"""The GPU task kernels of a planned kernel: the CUDA hooks of the task cutter.
 
 The task cutter (passes/task_ir.py) cuts each unit of the kernel's
 :class:`~qd_numba.passes.plan_tasks.TaskPlan` out of the kernel IR (numba-cuda's IR classes);
@@ -20,7 +19,6 @@ from ...lowering import device, spaces
 from ...passes.base import MISSING, try_static
 from ...passes.plan_tasks import _assignments, _dedupe, _Slicer, _value_vars
 from ...passes.task_ir import TaskABI
-from ...passes.task_types import type_tasks
 
 PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
 
@@ -29,15 +27,18 @@ PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
 
 class CudaTaskABI(TaskABI):
     """A task kernel: ``(ctx, tmp, *runtime args it reads)``; fields come from the context's
-    field table, values of serial code from temporaries (typed by the kernel's one type
-    inference, ``unit.types``) or recomputed; a range-for is a grid-stride loop over its flat
-    index; a serial task stores its live-outs and the kernel's return value in temporaries."""
+    field table, values of serial code from temporaries or recomputed; a range-for is a
+    grid-stride loop over its flat index; a serial task stores its live-outs and the kernel's
+    return value in temporaries. ``temp_types`` maps each value stored to a temporary to its
+    Numba type: the tasks are cut and typed in program order, and the task that stores a value
+    was typed before any task that loads it (plan.py ``compile_tasks``)."""
 
     leading_params = (PARAM_CTX, PARAM_TMP)
     recomputes = True
 
-    def __init__(self, state, field_slot, field_token, ret_slot):
+    def __init__(self, state, field_slot, field_token, ret_slot, temp_types):
         self.field_slot, self.field_token, self.ret_slot = field_slot, field_token, ret_slot
+        self.temp_types = temp_types
         ir = state.ir
         entry = state.func_ir.blocks[min(state.func_ir.blocks)]
         # (variable, hidden field or None) per kernel parameter, in order: found once per kernel
@@ -57,7 +58,7 @@ class CudaTaskABI(TaskABI):
                 emit.call(device.field_from_ctx, [ctx, slot, token], emit.var(name))
         for name, slot in sorted(unit.loads.items(), key=lambda kv: kv[1]):
             off = emit.const(slot * device.TEMP_SLOT_BYTES, "off")
-            token = emit.glob(device.TypeToken(unit.types[name]), "token")
+            token = emit.glob(device.TypeToken(self.temp_types[name]), "token")
             emit.call(device.temp_load, [tmp, off, token], emit.var(name))
 
     def flat_range(self, state, unit, emit, leading):
@@ -68,12 +69,12 @@ class CudaTaskABI(TaskABI):
     def store_live_outs(self, state, unit, emit, leading):
         for name, slot in sorted(unit.stores.items(), key=lambda kv: kv[1]):
             off = emit.assign(state.ir.Const(slot * device.TEMP_SLOT_BYTES, emit.loc), emit.var(f"$qd_off_{slot}"))
-            emit.call(device.temp_store, [leading[1], off, emit.var(name)], emit.var(f"$qd_stored_{slot}"))
+            emit.call(device.temp_store, [leading[1], off, emit.var(name)], emit.var(f"$qd_temp_store_{slot}"))
 
     def store_return(self, state, unit, emit, leading, value):
         if self.ret_slot is not None:
             off = emit.assign(state.ir.Const(self.ret_slot * device.TEMP_SLOT_BYTES, emit.loc), emit.var("$qd_off_ret"))
-            emit.call(device.temp_store, [leading[1], off, value], emit.var("$qd_stored_ret"))
+            emit.call(device.temp_store, [leading[1], off, value], emit.var("$qd_temp_store_ret"))
 
     def function_name(self, unit):
         return f"qd_{unit.task.kind}{unit.task.index}"
@@ -82,28 +83,6 @@ class CudaTaskABI(TaskABI):
         # a task kernel is alone in its cubin: a name from the task's content-stable uid keeps
         # the cubin the same in every process
         return int(unit.task.uid[:8], 16)
-
-
-def type_kernel(state, argtypes, cc) -> None:
-    """The kernel's one type inference with numba-cuda's typing context (passes/task_types.py):
-    numba-cuda's compiler for the whole kernel, its pipeline run up to typing."""
-    from numba.cuda import utils as cuda_utils
-    from numba.cuda.compiler import CUDACompiler
-    from numba.cuda.core.callconv import CUDACallConv
-    from numba.cuda.descriptor import cuda_target
-    from numba.cuda.flags import CUDAFlags
-
-    from .compile import _normalise_cc, _offline_device, install_cuda_extensions
-
-    install_cuda_extensions()
-    flags = CUDAFlags()
-    flags.no_compile = True
-    flags.error_model = "numpy"
-    with _offline_device(_normalise_cc(cc)), cuda_utils.numba_target_override():
-        gctx = cuda_target.target_context
-        compiler = CUDACompiler(cuda_target.typing_context, gctx, None, tuple(argtypes), None, flags, {},
-                                CUDACallConv(gctx), {})
-        type_tasks(state, compiler)
 
 
 # -- host-side iteration counts -------------------------------------------------------------------------

@@ -74,13 +74,15 @@ _WORKER = textwrap.dedent('''
     if impl.startswith("qd"):
         import qd_numba as qd
         arch = impl.split("-", 1)[1]
+        # no offline cache: the warm-up kernel must compile here, or the K-loop kernel pays the
+        # one-time set-up (Numba's and numba-cuda's typing registries) it is there to exclude
         if arch == "cpu":
-            qd.init(arch=qd.cpu)
+            qd.init(arch=qd.cpu, offline_cache=False)
         elif arch == "cuda":
-            qd.init(arch=qd.cuda)
+            qd.init(arch=qd.cuda, offline_cache=False)
         else:
             threads = int(arch.rsplit("threads", 1)[1])
-            qd.init(arch=qd.cpu, compile_threads=threads)
+            qd.init(arch=qd.cpu, compile_threads=threads, offline_cache=False)
         warm, _ = qd_kernel(qd, 1, "warm_up")
         if arch.startswith("compile"):
             from qd_numba.targets.cuda.plan import compile_check

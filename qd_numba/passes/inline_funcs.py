@@ -4,7 +4,8 @@ Funcs are inlined at the IR level, before offloading, so that a top-level loop i
 func called at the top level of a kernel still becomes a task, and fields/static values
 inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions and
 ``@qd.real_func`` functions are left as calls (frontend/real_func.py); a real function in a
-differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError.
+differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError, and so is a
+``return`` inside non-static control flow of any func (passes/return_rules.py, Quadrants' rule).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..frontend.real_func import QdRealFunc
 from ..lowering.subscripts import spread_item
 from ..typing.matrix import MatrixType
 from .base import MISSING, try_static
-from .return_rules import return_problem
+from .return_rules import return_in_control_flow, return_problem
 
 
 class InlineFuncs:
@@ -64,6 +65,9 @@ class InlineFuncs:
         tools = state.tools
         callee_ir = callee.frontend_ir(tools)
         result = block.body[i].target
+        problem = return_in_control_flow(tools, callee_ir, callee.fn)
+        if problem is not None:
+            raise state.error(QuadrantsSyntaxError, f"qd.func '{callee.name}': {problem[0]}", problem[1])
         if callee.return_type is not None:
             problem = return_problem(tools, callee_ir, callee.return_type, "qd.func", static_loops=True)
             if problem is not None:

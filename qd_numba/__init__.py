@@ -110,6 +110,7 @@ from .math import (
 from .matrix import Matrix, Vector
 from .offline_cache import clear_offline_cache
 from .ops.atomics import atomic_cas, atomic_exchange, atomic_mul
+from .ops.volatile import volatile_load
 from .ops.decompositions import eig, make_spd, polar_decompose, solve, svd, sym_eig
 from .ops.math_funcs import one, zero
 from .ops.random_normal import randn

@@ -51,8 +51,10 @@ def test_scalar_kinds_from_strings(rng):
     ref = a * 3 + 2 + 4
     scale(a, 3, 2.0, 4.0)
     np.testing.assert_array_equal(a, ref)
-    with pytest.raises(qd.QuadrantsTypeError, match="'k'"):
-        scale(a, 2.5, 2.0, 4.0)
+    with pytest.raises(qd.QuadrantsTypeError, match="'k': 1099511627776 does not fit in int32"):
+        scale(a, 2**40, 2.0, 4.0)
+    scale(a, 2.5, 2.0, 4.0)     # k is an i32: 2.5 is cast to 2
+    np.testing.assert_array_equal(a, ref * 2 + 6)
 
 
 def test_template_and_vector_ndarray_from_strings(rng):

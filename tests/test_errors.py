@@ -111,14 +111,18 @@ def test_string_for_scalar(warm):
 
 @pytest.mark.parametrize("warm", [False, True])
 def test_float_for_int_param(warm):
+    """A float for an integer parameter is cast (truncated, issue 14); one that cannot be is our
+    error, before anything runs."""
     fill_int = make_fill_int()
     a = np.arange(10, dtype=np.int32)
     if warm:
         fill_int(a, 3)
         np.testing.assert_array_equal(a, 3)
+    fill_int(a, -7.75)
+    np.testing.assert_array_equal(a, -7)
     before = a.copy()
     with pytest.raises(qd.QuadrantsTypeError) as info:
-        fill_int(a, 1.5)
+        fill_int(a, float("inf"))
     msg = str(info.value)
     assert "fill_int" in msg and "'v'" in msg
     np.testing.assert_array_equal(a, before)

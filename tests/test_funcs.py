@@ -92,9 +92,10 @@ def test_func_loops_become_tasks(rng):
 
 @qd.func
 def rec(n):
-    if n <= 0:
-        return 0
-    return n + rec(n - 1)
+    r = 0
+    if n > 0:
+        r = n + rec(n - 1)
+    return r
 
 
 @qd.kernel

@@ -1,7 +1,7 @@
 """Quadrants' return rules: a value annotation is kept on every path, no return inside a
-non-static for, no value without an annotation, the returned value converted to the annotation
-(a value of another shape is an error), annotations a kernel cannot return, and integer
-arguments that do not fit their type."""
+non-static if/for/while (a real_func may), no value without an annotation, the returned value
+converted to the annotation (a value of another shape is an error), annotations a kernel cannot
+return, and integer arguments that do not fit their type."""
 
 import numpy as np
 import pytest
@@ -43,15 +43,16 @@ def test_returned_vector(rng):
 
 @qd.kernel
 def branches(x: qd.f32) -> qd.f32:
+    r = -x
     if x > 0:
-        return x
-    return -x
+        r = x
+    return r
 
 
 @qd.kernel
 def static_loop_return(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
     for k in qd.static(range(3)):
-        if k == 2:
+        if qd.static(k == 2):
             return a[k]
     return 0.0
 
@@ -95,7 +96,7 @@ def vector_for_scalar(x: qd.f32) -> qd.f32:
 
 @qd.kernel
 def not_every_path(x: qd.f32) -> qd.f32:
-    if x > 0:
+    if qd.static(False):
         return x
 
 
@@ -154,14 +155,14 @@ def test_int_argument_must_fit(rng):
 
 @qd.func
 def half_path(x) -> qd.f32:
-    if x > 0:
+    if qd.static(False):
         return x
 
 
 @qd.func
 def static_pick(a: qd.template(), k: qd.template()) -> qd.f32:
     for j in qd.static(range(4)):
-        if j == k:
+        if qd.static(j == k):
             return a[j]
     return 0.0
 
@@ -226,3 +227,92 @@ def test_annotated_func_in_a_gradient_kernel(rng):
     cube_loss.grad()
     assert gloss[None] == pytest.approx(float((x.astype(np.float64) ** 3).sum()), rel=1e-5)
     np.testing.assert_allclose(gx.grad.to_numpy(), 3 * x * x, rtol=1e-5)
+
+
+# -- return inside non-static control flow (Quadrants: "Return inside non-static if/for is not supported") --
+
+@qd.kernel
+def return_in_if(x: qd.f32) -> qd.f32:
+    if x > 0:
+        return x
+    return -x
+
+
+@qd.kernel
+def return_in_else(x: qd.f32) -> qd.f32:
+    r = 0.0
+    if x > 0:
+        r = x
+    else:
+        return -x
+    return r
+
+
+@qd.kernel
+def return_in_while(n: qd.i32) -> qd.i32:
+    k = 0
+    while k < n:
+        k += 1
+        return k
+    return 0
+
+
+@qd.func
+def abs_by_branch(x):          # un-annotated: the rule is the same
+    if x > 0:
+        return x
+    return -x
+
+
+@qd.kernel
+def calls_abs_by_branch(x: qd.f32) -> qd.f32:
+    return abs_by_branch(x)
+
+
+@qd.func
+def static_branch_return(x, k: qd.template()):
+    if qd.static(k > 0):
+        return x * k
+    return -x
+
+
+@qd.kernel
+def calls_static_branch(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+    for i in a:
+        out[i] = static_branch_return(a[i], 3) + static_branch_return(a[i], 0)
+
+
+@qd.real_func
+def real_abs(x: qd.f32) -> qd.f32:
+    if x > 0:
+        return x
+    for _ in range(3):
+        if x > -1:
+            return -x
+    return -x
+
+
+@qd.kernel
+def calls_real_abs(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+    for i in a:
+        out[i] = real_abs(a[i])
+
+
+def test_return_inside_non_static_control_flow_is_an_error():
+    message = "Return inside non-static if/for is not supported"
+    _raises(qd.QuadrantsSyntaxError, return_in_if, (1.0,), message, "'return' inside an if", "line 237",
+            "    return x\n")
+    _raises(qd.QuadrantsSyntaxError, return_in_else, (1.0,), message, "line 247", "return -x")
+    _raises(qd.QuadrantsSyntaxError, return_in_while, (3,), message, "inside a while loop", "return k")
+    _raises(qd.QuadrantsSyntaxError, calls_abs_by_branch, (1.0,), message, "qd.func 'abs_by_branch'",
+            "line 263", "return x")
+    assert issubclass(qd.QuadrantsSyntaxError, SyntaxError)
+
+
+def test_static_if_and_real_func_may_return_early(rng):
+    a = rng.uniform(-3, 3, 17).astype(np.float32)
+    out = np.zeros_like(a)
+    calls_static_branch(a, out)
+    np.testing.assert_allclose(out, 3 * a - a, rtol=1e-6)
+    calls_real_abs(a, out)
+    np.testing.assert_allclose(out, np.abs(a), rtol=1e-6)

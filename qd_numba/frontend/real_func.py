@@ -13,13 +13,19 @@ CUDA in ``targets/cuda/compile.install_cuda_extensions``). Compiling is disabled
 signature, so a call converts its arguments to the parameter types (``qd.i32`` given 1.5 gets 1)
 and the returned value is converted to the return annotation, as Quadrants does.
 
-Rules (Quadrants'): every parameter is annotated with a scalar type or a vector/matrix type;
-the return annotation is one of those or absent (no value). The body is compiled by Numba as a
-``@numba.njit`` function is: it may use arithmetic, ``math``, qd_numba's math functions, other
-real functions and njit functions; fields, ``@qd.func`` calls and ``qd.static`` belong to kernels
-and inlined funcs. A real function is not differentiated (a gradient kernel calling one is an
-error). Mutual recursion compiles on the CPU; numba-cuda cannot link a call to a function still
-being compiled other than itself, so on CUDA it is our error.
+Rules (Quadrants'): every parameter is annotated with a scalar type, a vector/matrix type,
+``qd.template()`` (a field, or any field/ndarray) or ``qd.types.ndarray(...)``; the return
+annotation is a scalar or vector/matrix type or absent (no value). A field or ndarray parameter is
+passed by reference: the function reads and writes the caller's data (``x[i] = v`` in the body is
+a plain store, ``qd.atomic_*`` is not available there). A function with such parameters is
+compiled once per type of its data arguments (the scalars are converted, so they never add a
+compile); an ndarray argument whose dtype or ndim differs from the annotation is our error. The
+body is compiled by Numba as a ``@numba.njit`` function is: it may use arithmetic, ``math``,
+qd_numba's math functions, other real functions and njit functions; global fields, ``@qd.func``
+calls and ``qd.static`` belong to kernels and inlined funcs. A real function is not
+differentiated (a gradient kernel calling one is an error). Mutual recursion compiles on the
+CPU; numba-cuda cannot link a call to a function still being compiled other than itself, so on
+CUDA it is our error.
 """
 
 from __future__ import annotations
@@ -33,14 +39,17 @@ import weakref
 
 from numba.core import types
 from numba.core.typing.typeof import typeof_impl
+from numba.extending import overload
 
 from .. import config
 from ..errors import QuadrantsError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
+from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
-from .args import evaluate_annotation
+from .args import NdarraySpec, evaluate_annotation, param_kind
 from .diagnostics import is_numba_error, numba_report
 
 _REAL_FUNCS: weakref.WeakSet = weakref.WeakSet()
+_DATA_KINDS = ("template", "ndarray")    # parameters passed by reference (fields, ndarrays)
 
 
 def _value_type(annotation, default_ip, default_fp):
@@ -69,12 +78,16 @@ class QdRealFunc:
         for p in sig.parameters.values():
             annotation = evaluate_annotation(fn, self.name, f"parameter '{p.name}'", p.annotation)
             if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) \
-                    or _value_type(annotation, types.int32, types.float32) is None:
+                    or (_value_type(annotation, types.int32, types.float32) is None
+                        and param_kind(annotation) not in _DATA_KINDS):
                 raise QuadrantsSyntaxError(
-                    f"qd.real_func '{self.name}': parameter '{p.name}' needs a scalar or vector/matrix type "
-                    f"annotation (e.g. {p.name}: qd.f32)"
+                    f"qd.real_func '{self.name}': parameter '{p.name}' needs a scalar, vector/matrix, "
+                    f"qd.template() or qd.types.ndarray() annotation (e.g. {p.name}: qd.f32)"
                     + (f", got {annotation!r}" if annotation is not inspect.Parameter.empty else ""))
+            if param_kind(annotation) == "ndarray" and not isinstance(annotation, NdarraySpec):
+                annotation = NdarraySpec()
             self.params.append((p.name, annotation))
+        self.takes_data = any(param_kind(a) in _DATA_KINDS for _, a in self.params)
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is inspect.Signature.empty:
             returns = None
@@ -85,13 +98,16 @@ class QdRealFunc:
         self.returns = returns
         self._dispatchers = {}
         self._adapter = None
+        self._data_checks = None
         self._compiled_marker = CompiledRealFunc(self)
         _REAL_FUNCS.add(self)
 
     def signature(self) -> types.Signature:
-        """The Numba signature of the annotations, ``int``/``float`` as the current config says."""
+        """The Numba signature of the annotations, ``int``/``float`` as the current config says;
+        a field/ndarray parameter is ``types.Any`` (its type comes with each call)."""
         cfg = config.current
-        args = [_value_type(a, cfg.default_ip, cfg.default_fp) for _, a in self.params]
+        args = [types.Any if param_kind(a) in _DATA_KINDS else _value_type(a, cfg.default_ip, cfg.default_fp)
+                for _, a in self.params]
         ret = types.none if self.returns is None else _value_type(self.returns, cfg.default_ip, cfg.default_fp)
         return ret(*args)
 
@@ -105,13 +121,28 @@ class QdRealFunc:
             names = [name for name, _ in self.params]
             ns = {"impl": self._compiled_marker}
             converted = []
+            checks = self.data_checks()
             for k, (name, ty) in enumerate(zip(names, sig.args)):
                 ns[f"T{k}"] = ty
-                converted.append(name if isinstance(ty, MatrixType) else f"T{k}({name})")
+                if name in checks:      # a field or ndarray: by reference, its type checked
+                    ns[f"T{k}"] = checks[name]
+                    converted.append(f"T{k}({name})")
+                else:
+                    converted.append(name if isinstance(ty, MatrixType) else f"T{k}({name})")
             src = f"def {self.fn.__name__}({', '.join(names)}):\n    return impl({', '.join(converted)})\n"
             exec(compile(src, f"<qd.real_func {self.name}>", "exec"), ns)
             self._adapter = ns[self.fn.__name__]
         return self._adapter
+
+    def data_checks(self) -> dict:
+        """Parameter name -> a function returning its argument whose compiled form checks it is a
+        field or ndarray of the annotation (our error otherwise), for each field/ndarray
+        parameter. The adapter applies them; passes/inline_funcs.py also applies them at a
+        kernel's call, so that the error names the calling line."""
+        if self._data_checks is None:
+            self._data_checks = {name: _data_argument_check(f"qd.real_func '{self.name}', argument '{name}'", a)
+                                 for name, a in self.params if param_kind(a) in _DATA_KINDS}
+        return self._data_checks
 
     def dispatcher(self, target: str):
         """What this function's name types as on ``target`` ("cpu" or "cuda") where the adapter
@@ -129,6 +160,8 @@ class QdRealFunc:
             sig = self.signature()
             # stored before compiling: the body's recursive calls reach it through the adapter
             impl = self._dispatchers[target] = _make_dispatcher(target, self._body(sig.return_type))
+            if self.takes_data:
+                return impl     # compiled at each call's typing, once per type of the data arguments
             try:
                 if target == "cuda":
                     impl._can_compile = False
@@ -245,6 +278,27 @@ def _typeof_real_func(val, c):
 @typeof_impl.register(CompiledRealFunc)
 def _typeof_compiled(val, c):
     return types.Dispatcher(val.func.compiled("cpu"))
+
+
+def _data_argument_check(where: str, spec):
+    """A function returning its argument (a field or ndarray), whose compiled form checks the
+    argument's type against the parameter's annotation ``spec`` (our error naming ``where``)."""
+    def check(value):
+        return value
+
+    @overload(check)
+    def _check(value):
+        if not isinstance(value, (types.Array, FieldType)):
+            raise typing_error(QuadrantsTypeError(f"{where}: expected a field or ndarray, got {value}"))
+        if isinstance(spec, NdarraySpec):
+            dtype = value.value_dtype if isinstance(value, FieldType) else value.dtype
+            if spec.dtype is not None and dtype != spec.dtype:
+                raise typing_error(QuadrantsTypeError(f"{where}: expected dtype {spec.dtype}, got {dtype}"))
+            if spec.ndim is not None and value.ndim != spec.ndim:
+                raise typing_error(QuadrantsTypeError(f"{where}: expected ndim={spec.ndim}, got {value.ndim}"))
+        return lambda value: value
+
+    return check
 
 
 def _make_dispatcher(target: str, fn, **options):

@@ -34,6 +34,7 @@ from ..math import (  # noqa: F401
     tanh,
 )
 from ..ops.atomics import atomic_cas, atomic_exchange, atomic_mul  # noqa: F401
+from ..ops.volatile import volatile_load  # noqa: F401
 from . import (  # noqa: F401
     atomic_add,
     atomic_and,
@@ -48,4 +49,4 @@ from . import (  # noqa: F401
 __all__ = ["abs", "acos", "asin", "atan", "atan2", "atomic_add", "atomic_and", "atomic_cas", "atomic_exchange",
            "atomic_max", "atomic_min", "atomic_mul", "atomic_or", "atomic_sub", "atomic_xor", "bit_cast", "bit_shr",
            "cast", "ceil", "cos", "exp", "floor", "frexp", "log", "max", "min", "pow", "random", "raw_div", "raw_mod",
-           "round", "rsqrt", "select", "sin", "sqrt", "tan", "tanh"]
+           "round", "rsqrt", "select", "sin", "sqrt", "tan", "tanh", "volatile_load"]

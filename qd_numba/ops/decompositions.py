@@ -1,5 +1,6 @@
-"""Small dense linear algebra: ``qd.svd``, ``qd.polar_decompose``, ``qd.sym_eig``, ``qd.make_spd``
-(2x2 and 3x3, by Jacobi rotations), ``qd.eig`` (2x2) and ``qd.solve`` (2x2 and 3x3).
+"""Small dense linear algebra: ``qd.svd``, ``qd.polar_decompose`` (2x2 and 3x3), ``qd.sym_eig``,
+``qd.make_spd`` (2x2 to 6x6), all by Jacobi rotations, ``qd.eig`` (2x2) and ``qd.solve`` (2x2 and
+3x3).
 
 As ops/math_funcs.py, every function is plain Python written with qd operations and serves both
 scopes (compiled code compiles the same function). The public entries pick the body for the
@@ -7,7 +8,9 @@ matrix's size (in compiled code, once at typing).
 
 * ``sym_eig(A)`` -> ``(eigenvalues, eigenvectors)``: cyclic two-sided Jacobi on the symmetric
   ``A`` (``A <- J^T A J``, ``V <- V J``); eigenvalues ascending (a vector), eigenvectors the
-  columns of an orthogonal matrix.
+  columns of an orthogonal matrix. 2x2 is one rotation; 3x3 to 6x6 share one body
+  (:data:`SYM_EIG_SWEEPS` sweeps, its loops not unrolled, so compile time grows little with the
+  size).
 * ``svd(A)`` -> ``(U, S, V)`` with ``A = U S V^T``: one-sided Jacobi (Hestenes) orthogonalises the
   columns of ``A V``; ``S`` is diagonal, descending in magnitude. ``U`` and ``V`` are rotations
   (determinant +1), so the last singular value carries the sign of ``det(A)``, as Quadrants'.
@@ -17,22 +20,25 @@ matrix's size (in compiled code, once at typing).
 * ``eig(A)`` (2x2): eigenvalues and eigenvectors of a real matrix, complex as ``(re, im)`` pairs.
 * ``solve(A, b)``: ``x`` with ``A x = b``, from ``A``'s inverse (closed form for these sizes).
 
-The number of sweeps is fixed (:data:`SWEEPS`: Jacobi converges quadratically; this many leave
-the off-diagonal at rounding level for f64), so the code has no data-dependent loop bound on
-the GPU. Arithmetic stays in the matrix's float dtype (``dt``: ``f32`` for integer matrices).
+The number of sweeps is fixed (:data:`SWEEPS`, :data:`SYM_EIG_SWEEPS`: Jacobi converges
+quadratically; this many leave the off-diagonal at rounding level for f64), so the code has no
+data-dependent loop bound on the GPU. Arithmetic stays in the matrix's float dtype (``dt``: ``f32``
+for integer matrices).
 """
 
 from __future__ import annotations
 
 from numba.extending import overload
 
-from ..dtypes import f32, f64
+from ..dtypes import f32, f64, i32
 from ..matrix import Matrix, Vector
 from .elementwise import cast, sqrt
 from .elementwise import max as elementwise_max
 from .math_funcs import compiled_as_itself
 
 SWEEPS = 8
+SYM_EIG_SWEEPS = 12   # up to 6x6: Quadrants' count, f64 rounding level for every size
+SYM_EIG_MAX_N = 6
 
 
 def _sign1(x):
@@ -120,24 +126,6 @@ def _any_orthogonal(n, one):
     return w / w.norm()
 
 
-def _jacobi_entry(i, j, p, q, c, s, one):
-    """Element ``(i, j)`` of the rotation with ``c`` at ``(p, p)``, ``(q, q)``, ``s`` at ``(p, q)``."""
-    if i == j:
-        return c if i == p or i == q else one
-    if i == p and j == q:
-        return s
-    if i == q and j == p:
-        return -s
-    return one * 0
-
-
-def _jacobi3(p, q, c, s, one):
-    e = _jacobi_entry
-    return Matrix([[e(0, 0, p, q, c, s, one), e(0, 1, p, q, c, s, one), e(0, 2, p, q, c, s, one)],
-                   [e(1, 0, p, q, c, s, one), e(1, 1, p, q, c, s, one), e(1, 2, p, q, c, s, one)],
-                   [e(2, 0, p, q, c, s, one), e(2, 1, p, q, c, s, one), e(2, 2, p, q, c, s, one)]])
-
-
 def _sym_eig2(A, one):
     c, s = _rotation(A[0, 0], A[1, 1], A[0, 1], one)
     J = Matrix([[c, s], [-s, c]])
@@ -148,27 +136,34 @@ def _sym_eig2(A, one):
     return Vector([d0, d1]), _cols2(v0, v1)
 
 
-def _sym_eig3(A, one):
-    zero = one * 0
-    V = Matrix([[one, zero, zero], [zero, one, zero], [zero, zero, one]])
-    for _ in range(SWEEPS):
-        for k in range(3):
-            p, q = (0, 1) if k == 0 else (0, 2) if k == 1 else (1, 2)
-            c, s = _rotation(A[p, p], A[q, q], A[p, q], one)
-            J = _jacobi3(p, q, c, s, one)
-            A = J.transpose() @ A @ J
-            V = V @ J
-    d0, d1, d2 = A[0, 0], A[1, 1], A[2, 2]
-    v0 = Vector([V[0, 0], V[1, 0], V[2, 0]])
-    v1 = Vector([V[0, 1], V[1, 1], V[2, 1]])
-    v2 = Vector([V[0, 2], V[1, 2], V[2, 2]])
-    if d1 < d0:
-        d0, d1, v0, v1 = d1, d0, v1, v0
-    if d2 < d0:
-        d0, d2, v0, v2 = d2, d0, v2, v0
-    if d2 < d1:
-        d1, d2, v1, v2 = d2, d1, v2, v1
-    return Vector([d0, d1, d2]), _cols3(v0, v1, v2)
+def _sym_eig_n(A, one):
+    """Cyclic Jacobi for any square size (Quadrants' sym_eig up to 6x6): each sweep rotates every
+    pair ``p < q`` once (``J`` the identity but for ``c`` at ``(p, p)``, ``(q, q)``, ``s`` at
+    ``(p, q)``, ``-s`` at ``(q, p)``); then the diagonal is sorted ascending by a permutation
+    ``P`` (``P[k, rank(k)] = 1``) applied to both outputs."""
+    n = A.n
+    eye = Matrix.identity(i32, n) * one
+    V = eye
+    for _ in range(SYM_EIG_SWEEPS):
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                c, s = _rotation(A[p, p], A[q, q], A[p, q], one)
+                ep, eq = eye[p], eye[q]
+                J = eye + (c - one) * (ep.outer_product(ep) + eq.outer_product(eq)) \
+                    + s * (ep.outer_product(eq) - eq.outer_product(ep))
+                A = J.transpose() @ A @ J
+                V = V @ J
+    d = eye[0] * 0
+    for k in range(n):
+        d = d + A[k, k] * eye[k]
+    P = eye * 0
+    for k in range(n):
+        rank = 0
+        for j in range(n):
+            if d[j] < d[k] or (d[j] == d[k] and j < k):
+                rank += 1
+        P = P + eye[k].outer_product(eye[rank])
+    return P.transpose() @ d, V @ P
 
 
 def _make_spd2(A, one):
@@ -177,10 +172,13 @@ def _make_spd2(A, one):
     return Q @ Matrix([[w[0], one * 0], [one * 0, w[1]]]) @ Q.transpose()
 
 
-def _make_spd3(A, one):
-    w, Q = _sym_eig3(A, one)
-    w, zero = elementwise_max(w, one * 0), one * 0
-    return Q @ Matrix([[w[0], zero, zero], [zero, w[1], zero], [zero, zero, w[2]]]) @ Q.transpose()
+def _make_spd_n(A, one):
+    w, Q = _sym_eig_n(A, one)
+    eye = Matrix.identity(i32, A.n) * one
+    D = eye * 0
+    for k in range(A.n):
+        D = D + elementwise_max(w[k], one * 0) * eye[k].outer_product(eye[k])
+    return Q @ D @ Q.transpose()
 
 
 def _eigvec2(A, re, im, fallback, one):
@@ -218,17 +216,22 @@ def _polar3(A, one):
     return U @ V.transpose(), V @ S @ V.transpose()
 
 
-for _fn in (_sign1, _rotation, _orthogonalise, _cols2, _cols3, _svd2, _svd3, _any_orthogonal, _jacobi_entry,
-            _jacobi3, _sym_eig2, _sym_eig3, _polar2, _polar3, _make_spd2, _make_spd3, _eigvec2, _eig2):
+for _fn in (_sign1, _rotation, _orthogonalise, _cols2, _cols3, _svd2, _svd3, _any_orthogonal, _sym_eig2,
+            _sym_eig_n, _polar2, _polar3, _make_spd2, _make_spd_n, _eigvec2, _eig2):
     compiled_as_itself(_fn)
 
-_BODIES = {"svd": {2: _svd2, 3: _svd3}, "sym_eig": {2: _sym_eig2, 3: _sym_eig3},
-           "polar_decompose": {2: _polar2, 3: _polar3}, "make_spd": {2: _make_spd2, 3: _make_spd3},
+_BODIES = {"svd": {2: _svd2, 3: _svd3},
+           "sym_eig": {2: _sym_eig2, **{n: _sym_eig_n for n in range(3, SYM_EIG_MAX_N + 1)}},
+           "polar_decompose": {2: _polar2, 3: _polar3},
+           "make_spd": {2: _make_spd2, **{n: _make_spd_n for n in range(3, SYM_EIG_MAX_N + 1)}},
            "eig": {2: _eig2}}
 
 
 def _sizes(name):
-    return " or ".join(f"{n}x{n}" for n in _BODIES[name])
+    sizes = sorted(_BODIES[name])
+    if len(sizes) > 2:
+        return f"{sizes[0]}x{sizes[0]} to {sizes[-1]}x{sizes[-1]}"
+    return " or ".join(f"{n}x{n}" for n in sizes)
 
 
 def _float_type(dtype, dt):
@@ -243,7 +246,8 @@ def _python_scope(name, A, dt):
     from ..errors import QuadrantsTypeError
 
     if not isinstance(A, Matrix) or A.ndim != 2 or A.n != A.m or A.n not in _BODIES[name]:
-        raise QuadrantsTypeError(f"qd.{name} takes a {_sizes(name)} matrix, got {A!r}")
+        got = f"a {A.n}x{A.m} matrix" if isinstance(A, Matrix) and A.ndim == 2 else repr(A)
+        raise QuadrantsTypeError(f"qd.{name} takes a {_sizes(name)} matrix, got {got}")
     ft = _float_type(A.dtype, None if dt is None else to_numba(dt))
     return _BODIES[name][A.n](cast(A, ft), cast(1, ft))
 
@@ -255,7 +259,7 @@ def svd(A, dt=None):
 
 def sym_eig(A, dt=None):
     """``(eigenvalues, eigenvectors)`` of the symmetric ``A``: a vector (ascending) and a matrix
-    whose columns are the unit eigenvectors (2x2 or 3x3)."""
+    whose columns are the unit eigenvectors (2x2 to 6x6)."""
     return _python_scope("sym_eig", A, dt)
 
 
@@ -266,7 +270,7 @@ def polar_decompose(A, dt=None):
 
 def make_spd(A, dt=None):
     """The symmetric positive semi-definite matrix nearest to the symmetric ``A`` (Frobenius
-    norm): ``Q @ diag(max(w, 0)) @ Q.transpose()`` from ``w, Q = sym_eig(A)`` (2x2 or 3x3)."""
+    norm): ``Q @ diag(max(w, 0)) @ Q.transpose()`` from ``w, Q = sym_eig(A)`` (2x2 to 6x6)."""
     return _python_scope("make_spd", A, dt)
 
 

@@ -136,6 +136,7 @@ class FoldStatic:
             values = try_static(state, shape.iterable, permissive=True)
             if values is MISSING:
                 continue
+            shape.body = set(shape.body) | _return_tails(cfg, shape)
             try:
                 values = list(values)
             except TypeError as e:
@@ -331,6 +332,15 @@ def _static_assert(state, call, loc) -> None:
     if not cond:
         raise state.error(QuadrantsCompilationError,
                           "static assertion failed" + (f": {msg}" if msg is not None else ""), loc)
+
+
+def _return_tails(cfg, shape) -> set:
+    """The blocks outside the loop that only its body reaches (``if qd.static(k == 2): return
+    a[k]``: the ``return`` leaves the loop, so the CFG's loop body does not hold it). Unrolling
+    copies them with each iteration, so each copy reads its own loop target."""
+    dominators = cfg.dominators()
+    return {lbl for lbl, doms in dominators.items()
+            if shape.body_entry in doms and lbl not in shape.body and lbl != shape.header}
 
 
 def _body_private_names(ir, blocks, shape, body_labels) -> set:

@@ -4,7 +4,8 @@ Funcs are inlined at the IR level, before offloading, so that a top-level loop i
 func called at the top level of a kernel still becomes a task, and fields/static values
 inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions and
 ``@qd.real_func`` functions are left as calls (frontend/real_func.py); a real function in a
-differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError.
+differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError, and so is a
+``return`` inside non-static control flow of any func (passes/return_rules.py, Quadrants' rule).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ..frontend.real_func import QdRealFunc
 from ..lowering.subscripts import spread_item
 from ..typing.matrix import MatrixType
 from .base import MISSING, try_static
-from .return_rules import return_problem
+from .ir_builder import emit_call
+from .return_rules import return_in_control_flow, return_problem
 
 
 class InlineFuncs:
@@ -41,6 +43,10 @@ class InlineFuncs:
                     if isinstance(callee, QdRealFunc) and state.autodiff_mode is not None:
                         raise state.error(QuadrantsSyntaxError, f"qd.real_func '{callee.name}' cannot be "
                                           "called in a differentiated kernel (Quadrants' rule too)", stmt.loc)
+                    if isinstance(callee, QdRealFunc) and callee.takes_data \
+                            and _check_data_arguments(state, block, stmt, callee):
+                        changed = progress = True
+                        break
                     if callee is MISSING or not isinstance(callee, QdFunc):
                         continue
                     stack = state.block_stacks.get(label, ())
@@ -64,6 +70,9 @@ class InlineFuncs:
         tools = state.tools
         callee_ir = callee.frontend_ir(tools)
         result = block.body[i].target
+        problem = return_in_control_flow(tools, callee_ir, callee.fn)
+        if problem is not None:
+            raise state.error(QuadrantsSyntaxError, f"qd.func '{callee.name}': {problem[0]}", problem[1])
         if callee.return_type is not None:
             problem = return_problem(tools, callee_ir, callee.return_type, "qd.func", static_loops=True)
             if problem is not None:
@@ -96,6 +105,32 @@ def _convert_returned(state, block, result, annotation) -> None:
                 ir.Assign(ir.Global("dtype", dtype, stmt.loc), dtype_var, stmt.loc),
                 ir.Assign(ir.Expr.call(fn, [stmt.value, dtype_var], (), stmt.loc), result, stmt.loc)]
             return
+
+
+def _check_data_arguments(state, block, stmt, callee) -> bool:
+    """``f(x, i)`` of a real function taking a field or ndarray ``x``: ``f(check(x), i)``, the
+    check (frontend/real_func.py) typed at this statement, so a wrong argument is our error
+    naming the calling line. False if every such argument is checked already."""
+    ir = state.ir
+    call, checks = stmt.value, callee.data_checks()
+    names = [name for name, _ in callee.params]
+    at = block.body.index(stmt)
+    new = []
+
+    def checked(name, var):
+        if name not in checks:
+            return var
+        d = state.definition(var)
+        if isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is checks[name]:
+            return var
+        out = block.scope.redefine("$qd_data_arg", stmt.loc)
+        new.extend(emit_call(ir, checks[name], [var], out, stmt.loc, block.scope.redefine("$qd_check", stmt.loc)))
+        return out
+
+    call.args = [checked(names[k] if k < len(names) else None, a) for k, a in enumerate(call.args)]
+    call.kws = [(k, checked(k, v)) for k, v in call.kws]
+    block.body[at:at] = new
+    return bool(new)
 
 
 def _spread_vararg(state, block, stmt, callee) -> None:

@@ -8,6 +8,9 @@ line:
 
 * a ``return`` inside a non-static ``for`` loop (the loop is a parallel task or runs serially
   inside one; neither can leave the kernel);
+* a ``return`` inside an ``if`` whose condition is not ``qd.static(...)``, or inside a ``while``
+  (:func:`return_in_control_flow`, also applied to every ``@qd.func``, annotated or not; a
+  ``@qd.real_func`` is compiled as a function of its own and may return from any path);
 * a kernel without a return annotation that returns a value (it would be dropped);
 * under a value annotation, a bare ``return`` or a path that ends without returning.
 
@@ -20,7 +23,11 @@ Changes the IR only when the kernel returns a value.
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import linecache
+import textwrap
 
 from ..errors import QuadrantsSyntaxError
 from ..lang import static
@@ -35,7 +42,8 @@ class ReturnRules:
         blocks = state.func_ir.blocks
         returns = {label: block.body[-1] for label, block in blocks.items() if isinstance(block.body[-1], ir.Return)}
         state.refresh_definitions()
-        problem = return_problem(state.tools, state.func_ir, state.return_type, "kernel", static_loops=False)
+        problem = return_in_control_flow(state.tools, state.func_ir, state.func_ir.func_id.func) \
+            or return_problem(state.tools, state.func_ir, state.return_type, "kernel", static_loops=False)
         if problem is not None:
             raise state.error(QuadrantsSyntaxError, *problem)
         if state.return_type is None:
@@ -56,8 +64,8 @@ def return_problem(tools, func_ir, return_type, what: str, static_loops: bool):
                if isinstance(block.body[-1], ir.Return)}
     loc = _return_in_for_loop(tools, func_ir, returns, static_loops)
     if loc is not None:
-        return ("'return' inside a non-static for loop is not supported (Quadrants' rule): assign the result "
-                "and return after the loop, or iterate over qd.static(...)", loc)
+        return ("Return inside non-static if/for is not supported (Quadrants' rule): 'return' inside a non-static "
+                "for loop; assign the result and return after the loop, or iterate over qd.static(...)", loc)
     for ret in returns.values():
         gives_none = _returns_none(ir, func_ir, ret.value)
         if return_type is None and not gives_none:
@@ -69,6 +77,90 @@ def return_problem(tools, func_ir, return_type, what: str, static_loops: bool):
             return (f"the {what} is annotated to return {return_type} but does not return a value on every "
                     "path", ret.loc)
     return None
+
+
+_CONTROL_FLOW_ADVICE = {
+    "for": "'return' inside a non-static for loop; assign the result to a variable and return it after the "
+           "loop, or iterate over qd.static(...)",
+    "while": "'return' inside a while loop; assign the result to a variable and return it after the loop",
+    "if": "'return' inside an if whose condition is not qd.static(...); assign the result to a variable and "
+          "return it after the if, or write the condition as qd.static(...) when it is known at compile time",
+}
+
+
+def return_in_control_flow(tools, func_ir, fn):
+    """(message, loc) of the first ``return`` of ``func_ir`` (its Python function ``fn``) written
+    inside an ``if`` whose condition is not ``qd.static(...)``, a non-static ``for`` or a
+    ``while``, as Quadrants' AST builder rejects it; None if there is none, or ``fn``'s source is
+    not available (exec'd code: the loop rule of :func:`return_problem` still applies). Only
+    returns still in the IR count (one under a dead ``qd.static`` branch is gone from a kernel)."""
+    code = getattr(fn, "__code__", None)
+    lines = _control_flow_returns(code) if code is not None else {}
+    if not lines:
+        return None
+    for block in func_ir.blocks.values():
+        ret = block.body[-1]
+        if isinstance(ret, tools.ir.Return) and ret.loc is not None and ret.loc.line in lines:
+            return ("Return inside non-static if/for is not supported (Quadrants' rule): "
+                    + _CONTROL_FLOW_ADVICE[lines[ret.loc.line]], ret.loc)
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _control_flow_returns(code) -> dict:
+    """Source line -> "for" | "while" | "if" (the innermost non-static loop, else if) of each
+    ``return`` statement of ``code``'s function nested in non-static control flow (nested
+    functions not counted)."""
+    try:
+        lines = inspect.findsource(code)[0][code.co_firstlineno - 1:]
+        tree = ast.parse(textwrap.dedent("".join(inspect.getblock(lines))))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    if not tree.body or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    found = {}
+    _ReturnsInControlFlow(found, code.co_firstlineno - 1).visit_body(tree.body[0].body, None)
+    return found
+
+
+def _is_static_call(node) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    fn = node.func
+    return (isinstance(fn, ast.Name) and fn.id == "static") or (isinstance(fn, ast.Attribute) and fn.attr == "static")
+
+
+class _ReturnsInControlFlow:
+    """Walks a function's statements; ``inside`` is the innermost enclosing non-static loop
+    ("for", "while"), else "if" under a non-static ``if``, else None."""
+
+    def __init__(self, found: dict, line_offset: int):
+        self.found, self.offset = found, line_offset
+
+    def visit_body(self, stmts, inside) -> None:
+        for stmt in stmts:
+            self.visit(stmt, inside)
+
+    def visit(self, stmt, inside) -> None:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(stmt, ast.Return):
+            if inside is not None:
+                self.found[stmt.lineno + self.offset] = inside
+            return
+        nested = inside
+        if isinstance(stmt, ast.If) and not _is_static_call(stmt.test):
+            nested = inside or "if"     # a loop around it says more
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)) and not _is_static_call(stmt.iter):
+            nested = "for"
+        elif isinstance(stmt, ast.While):
+            nested = "while"
+        for field in ("body", "orelse", "handlers", "finalbody", "cases"):
+            for child in getattr(stmt, field, ()):
+                if isinstance(child, ast.stmt):
+                    self.visit(child, nested)
+                elif hasattr(child, "body"):      # except handlers, match cases
+                    self.visit_body(child.body, nested)
 
 
 def _return_in_for_loop(tools, func_ir, returns, static_loops):

@@ -18,6 +18,8 @@ a field or an ndarray argument, ``L`` a local value):
 ``qd.atomic_<op>(L, V)`` (local scalar)     ``old = L; L = L op V``
 ``qd.atomic_cas(X, E, D)`` (X as above)      as ``qd.atomic_<op>(X, V)``, with ``atomic_cas_update``
                                             (``nested_atomic_cas``) and ``L = cas_value(L, E, D)``
+``qd.volatile_load(G[I])``                  ``volatile_element_load(G, I)`` (ops/volatile.py);
+                                            any other argument is a ``QuadrantsSyntaxError``
 ``a / b``                                   ``true_divide(a, b, default_fp)``: ints give ``default_fp``
 ==========================================  =============================================
 
@@ -30,11 +32,12 @@ import dataclasses
 import operator
 from collections.abc import Callable
 
-from ..errors import QuadrantsTypeError
+from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..lang import ATOMIC_FUNCTIONS as _BASIC_ATOMICS
 from ..lowering import subscripts as impl
 from ..ops.atomics import ARITY as _ATOMIC_ARITY
 from ..ops.atomics import MORE_ATOMICS
+from ..ops.volatile import volatile_element_load, volatile_load
 from ..typing.matrix import SWIZZLE
 from .base import MISSING, is_global_data, try_static
 from .ir_builder import emit_call
@@ -196,6 +199,34 @@ def _match_atomic_local(state, stmt):
     return _atomic_call(state, stmt)
 
 
+def _match_volatile_load(state, stmt):
+    """``target = qd.volatile_load(G[I])``; our error for any other argument."""
+    ir = state.ir
+    if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call"):
+        return None
+    expr = stmt.value
+    fn = try_static(state, expr.func)
+    if fn is not volatile_load:
+        return None
+    if len(expr.args) != 1 or expr.kws:
+        raise state.error(QuadrantsSyntaxError, "qd.volatile_load() takes 1 argument (an element x[i])", stmt.loc)
+    (arg,) = expr.args
+    if is_global_data(state, arg):
+        raise state.error(QuadrantsSyntaxError, "cannot pass a field or ndarray directly to qd.volatile_load; "
+                          "index it first (x[i], or x[None] for a 0-d field)", stmt.loc)
+    sub = subscript_of(state, arg) if state.is_temp(arg) else None
+    if sub is None or not is_global_data(state, sub.base):
+        what = "a component of an element" if sub is not None and subscript_of(state, sub.base) is not None \
+            else "a local value"
+        raise state.error(QuadrantsSyntaxError, "qd.volatile_load requires an element of a field or ndarray "
+                          f"(x[i]) as its argument, got {what}", stmt.loc)
+    return {"target": stmt.target, "sub": sub}
+
+
+def _volatile_load(e, m):
+    e.call(volatile_element_load, [m["sub"].base, e.index(m["sub"])], m["target"])
+
+
 def _match_true_divide(state, stmt):
     ir = state.ir
     if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "binop" \
@@ -282,6 +313,7 @@ PATTERNS = (
     Pattern("qd.atomic_<op>(G[I][J], V)", _match_atomic_nested, _nested_atomic),
     Pattern("qd.atomic_<op>(L[I], V)", _match_atomic_local_element, _atomic_local_element),
     Pattern("qd.atomic_<op>(L, V)", _match_atomic_local, _atomic_local),
+    Pattern("qd.volatile_load(G[I])", _match_volatile_load, _volatile_load),
     Pattern("a / b", _match_true_divide, _true_divide),
 )
 

@@ -21,12 +21,12 @@ from ..frontend.args import (
     INT_TYPES,
     NUMBER_TYPES,
     argument_where,
-    check_scalar,
     field_for_ndarray_message,
     field_type,
     host_array,
     int_range,
     ndarray_type,
+    scalar_argument,
     template_key,
 )
 from ..frontend.diagnostics import compile_error
@@ -131,7 +131,8 @@ class CpuKernel(KernelBackend):
             with self.lock:
                 args = self.host_args(args)
                 inst = self._instance(args)
-                args = tuple(matrix_argument(a, p.nbtype) if p.kind == "matrix" else a
+                args = tuple(matrix_argument(a, p.nbtype) if p.kind == "matrix" else
+                             scalar_argument(argument_where(kernel, p), p, a) if p.kind == "scalar" else a
                              for p, a in zip(kernel.params, args))
                 kernel.last_instance = inst
         except QuadrantsError as e:
@@ -173,7 +174,7 @@ class CpuKernel(KernelBackend):
             if p.kind == "template":
                 templates[p.name] = a
             elif p.kind == "scalar":
-                check_scalar(where, p, a)
+                scalar_argument(where, p, a)
                 types_[p.name] = p.nbtype
             elif p.kind == "matrix":
                 try:

@@ -17,7 +17,7 @@ from numba.core import types
 from ... import config, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
-from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, check_scalar, int_range, template_key
+from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, int_range, scalar_argument, template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
 from ..base import KernelBackend, Target
@@ -119,7 +119,7 @@ class CudaKernel(KernelBackend):
                 if isinstance(p.nbtype, types.Integer):   # an int that does not fit: check_scalar raises
                     ns[f"lo{i}"], ns[f"hi{i}"] = int_range(p.nbtype)
                     fits = f" or not lo{i} <= a{i} <= hi{i}"
-                body.append(f"if type(a{i}) not in ok{i}{fits}: check_scalar(kernel, p{i}, a{i})")
+                body.append(f"if type(a{i}) not in ok{i}{fits}: a{i} = check_scalar(kernel, p{i}, a{i})")
         body += [f"plan = plans.get({_tuple_src(key)})",
                  f"if plan is None: plan = build({_tuple_src(args)}, {_tuple_src(views)}, {_tuple_src(key)})"]
         src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body),
@@ -157,10 +157,13 @@ class CudaKernel(KernelBackend):
 
 
 def _check_scalar(kernel, p, a):
-    """A scalar argument whose type is not one of the exact types the fast path takes."""
+    """A scalar argument whose type is not one of the exact types the fast path takes: a float
+    for an integer parameter, converted (frontend/args.scalar_argument), else our error."""
     where = argument_where(kernel, p)
-    check_scalar(where, p, a)
-    raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+    value = scalar_argument(where, p, a)
+    if type(value) not in p.exact_types:
+        raise QuadrantsTypeError(f"{where}: expected a {p.nbtype} scalar, got {type(a).__name__}")
+    return value
 
 
 def _check_matrix(kernel, p, a):

@@ -274,6 +274,27 @@ class CudaRuntime:
         buf = self.cuda.device_array(count, np.int64)
         return buf, int(buf.device_ctypes_pointer.value)
 
+    def pinned_words(self, count: int):
+        """``count`` int64 words of page-locked host memory (never freed: a few per adstack) and
+        their address, for copies the device makes asynchronously."""
+        address = _check(_driver().cuMemAllocHost(8 * count), "cuMemAllocHost")
+        words = (ctypes.c_int64 * count).from_address(int(address))
+        return words, int(address)
+
+    def event(self):
+        drv = _driver()
+        return _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def read_async(self, host_address: int, device_address: int, nbytes: int, event) -> None:
+        """Copy device memory to pinned host memory after the work queued on the legacy default
+        stream (the plans' stream), and record ``event`` after the copy; no waiting."""
+        drv = _driver()
+        _check(drv.cuMemcpyDtoHAsync(host_address, device_address, nbytes, drv.CUstream(0)), "cuMemcpyDtoHAsync")
+        _check(drv.cuEventRecord(event, drv.CUstream(0)), "cuEventRecord")
+
+    def wait_event(self, event) -> None:
+        _check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
+
     def global_address(self, module, symbol: str) -> int:
         err, address, _ = _driver().cuModuleGetGlobal(module, symbol.encode())
         _check((err,), f"cuModuleGetGlobal({symbol})")

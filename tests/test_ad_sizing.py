@@ -1,0 +1,327 @@
+"""Adstack sizing at launch (adstack.py, passes/bounds.py): per-thread loop bounds sized by a
+max-reduction over the parallel loop's space (host numpy path and the generated max-reduction
+kernel, which must agree), the size cache keyed on write generations (field.py), and where
+overflows surface. Gradients are checked against a numpy reference on random data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qd_numba as qd
+from qd_numba import adstack, config
+
+N = 24
+
+
+def _sin_chain_reference(xs, counts):
+    """d/dx of sum(sin^counts[i](x[i])): the chained derivative per element."""
+    v, dv = xs.copy(), np.ones_like(xs)
+    for t in range(int(counts.max(initial=0))):
+        live = t < counts
+        dv = np.where(live, dv * np.cos(v), dv)
+        v = np.where(live, np.sin(v), v)
+    return v, dv
+
+
+def _fields():
+    x = qd.field(qd.f64, shape=(N,), needs_grad=True)
+    n = qd.field(qd.i32, shape=(N,))
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+    return x, n, loss
+
+
+def _run(kernel, loss, *args):
+    loss[None] = 0
+    with qd.ad.Tape(loss=loss):
+        kernel(*args)
+
+
+def test_per_thread_bound_from_a_field_matches_the_reference(rng):
+    x, n, loss = _fields()
+
+    @qd.kernel
+    def chain():
+        for i in x:
+            v = x[i]
+            for _ in range(n[i]):
+                v = qd.sin(v)
+            loss[None] += v
+
+    for high in (1, 9, 30):
+        counts = rng.integers(0, high, N).astype(np.int32)
+        xs = rng.uniform(-1.5, 1.5, N)
+        n.from_numpy(counts)
+        x.from_numpy(xs)
+        _run(chain, loss)
+        v, dv = _sin_chain_reference(xs, counts)
+        np.testing.assert_allclose(loss[None], v.sum(), rtol=1e-12)
+        np.testing.assert_allclose(x.grad.to_numpy(), dv, rtol=1e-12)
+        # per iteration: the loop header's path record and sin(v); the header runs trips + 1 times
+        assert chain.grad.adstacks[0].depth == max(1, 2 * (int(counts.max()) + 1))
+
+
+def test_bound_from_the_loop_index_and_a_shifted_element(rng):
+    x, n, loss = _fields()
+
+    @qd.kernel
+    def ramp():
+        for i in range(1, N):
+            v = x[i]
+            for _ in range(i // 2 + n[i - 1]):
+                v = qd.sin(v) * 1.01
+            loss[None] += v
+
+    counts = rng.integers(0, 5, N).astype(np.int32)
+    xs = rng.uniform(-1, 1, N)
+    n.from_numpy(counts)
+    x.from_numpy(xs)
+    _run(ramp, loss)
+    steps = np.array([0] + [i // 2 + counts[i - 1] for i in range(1, N)])
+    v, dv = xs.copy(), np.ones(N)
+    for t in range(steps.max()):
+        live = t < steps
+        dv = np.where(live, dv * np.cos(v) * 1.01, dv)
+        v = np.where(live, np.sin(v) * 1.01, v)
+    expected = dv.copy()
+    expected[0] = 0.0                      # outside the loop's range: no gradient
+    np.testing.assert_allclose(x.grad.to_numpy(), expected, rtol=1e-12)
+    assert ramp.grad.adstacks[0].depth == 3 * (int(steps[1:].max()) + 1)   # path, sin(v) and v
+
+
+def _depths(sizer, make):
+    """(depths, gradient) of the kernels ``make()`` builds, under qd.init(ad_stack_sizer=sizer)."""
+    qd.init(arch=config.current.arch, ad_stack_sizer=sizer)
+    return make()
+
+
+def test_host_and_device_sizers_give_the_same_depths(rng):
+    """The differential test of the two sizing paths: numpy over host data vs the generated
+    max-reduction kernel (run on the CPU here; compiled to a cubin by the CUDA compile check)."""
+    counts2d = rng.integers(0, 7, (5, 6)).astype(np.int64)
+    counts = rng.integers(0, 11, N).astype(np.int32)
+    xs = rng.uniform(-1, 1, N)
+    ys = rng.uniform(-1, 1, (5, 6))
+    lo = rng.integers(0, 3, N).astype(np.int32)
+
+    def make():
+        x, n, loss = _fields()
+        start = qd.field(qd.i32, shape=(N,))
+        y = qd.field(qd.f64, shape=(5, 6), needs_grad=True)
+        m = qd.field(qd.i64, shape=(5, 6))
+
+        @qd.kernel
+        def one_d(extra: qd.i32):
+            for i in x:
+                v = x[i]
+                for _ in range(start[i], max(n[i], start[i]) + extra):
+                    v = qd.sin(v) + 0.25
+                loss[None] += v
+
+        @qd.kernel
+        def two_d():
+            for i, j in y:
+                v = y[i, j]
+                for _ in range(m[i, j] * 2 - j):
+                    v = qd.cos(v)
+                loss[None] += v
+
+        n.from_numpy(counts)
+        start.from_numpy(lo)
+        x.from_numpy(xs)
+        y.from_numpy(ys)
+        m.from_numpy(counts2d)
+        out = []
+        for kernel, args in ((one_d, (3,)), (two_d, ())):
+            _run(kernel, loss, *args)
+            stack = kernel.grad.adstacks[0]
+            out.append((stack.depth, stack.device_reductions, x.grad.to_numpy(), y.grad.to_numpy()))
+        return out
+
+    try:
+        host = _depths("host", make)
+        device = _depths("device", make)
+    finally:
+        qd.init(arch=config.current.arch)
+    for (hd, hr, hx, hy), (dd, dr, dx, dy) in zip(host, device):
+        assert hd == dd and hd > 1
+        assert hr == 0 and dr == 1
+        np.testing.assert_array_equal(hx, dx)
+        np.testing.assert_array_equal(hy, dy)
+    trips = np.maximum(0, np.maximum(counts, lo) + 3 - lo)
+    assert host[0][0] == 2 * (trips.max() + 1)
+    assert host[1][0] == 2 * (np.maximum(0, counts2d * 2 - np.arange(6)).max() + 1)
+
+
+def test_sizes_are_recomputed_exactly_when_a_leaf_changes(rng):
+    x, n, loss = _fields()
+    bumped = qd.ndarray(qd.i32, (N,))
+
+    @qd.kernel
+    def chain(k: qd.i32, extra: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+        for i in x:
+            v = x[i]
+            for _ in range(n[i] + k + extra[i]):
+                v = qd.sin(v)
+            loss[None] += v
+
+    @qd.kernel
+    def grow(by: qd.i32):
+        for i in n:
+            n[i] += by
+
+    @qd.kernel
+    def touch_loss():
+        loss[None] = 0.0
+
+    @qd.kernel
+    def set_extra(a: qd.types.ndarray(dtype=qd.i32, ndim=1), value: qd.i32):
+        for i in a:
+            a[i] = value
+
+    counts = rng.integers(0, 6, N).astype(np.int32)
+    xs = rng.uniform(-1, 1, N)
+    n.from_numpy(counts)
+    x.from_numpy(xs)
+    bumped.from_numpy(np.zeros(N, np.int32))
+    state = {"counts": counts.copy(), "k": 0, "extra": np.zeros(N, np.int32)}
+
+    def launch(k=0):
+        state["k"] = k
+        _run(chain, loss, k, bumped)
+        v, dv = _sin_chain_reference(xs, state["counts"] + k + state["extra"])
+        np.testing.assert_allclose(x.grad.to_numpy(), dv, rtol=1e-12)     # never stale
+        return chain.grad.adstacks[0].evaluations
+
+    assert launch() == 1
+    assert launch() == 1                    # nothing changed: no evaluation
+    touch_loss()                            # a kernel writing something else
+    x.from_numpy(xs)                        # a field that is not a leaf
+    assert launch() == 1
+    n[3] = 40                               # host __setitem__
+    state["counts"][3] = 40
+    assert launch() == 2
+    assert launch() == 2
+    grow(2)                                 # a kernel launch that writes the leaf
+    state["counts"] += 2
+    assert launch() == 3
+    n.from_numpy(counts)                    # from_numpy
+    state["counts"] = counts.copy()
+    assert launch() == 4
+    n.fill(1)                               # fill
+    state["counts"][:] = 1
+    assert launch() == 5
+    assert launch(k=4) == 6                 # a scalar argument
+    assert launch(k=4) == 6
+    set_extra(bumped, 3)                    # a kernel writing an ndarray argument
+    state["extra"][:] = 3
+    assert launch(k=4) == 7
+    bumped[0] = 9                           # the ndarray's __setitem__
+    state["extra"][0] = 9
+    assert launch(k=4) == 8
+    assert launch(k=4) == 8
+
+
+def test_a_numpy_argument_leaf_is_evaluated_on_every_launch(rng):
+    x, _, loss = _fields()
+
+    @qd.kernel
+    def chain(counts: qd.types.ndarray(dtype=qd.i32, ndim=1)):
+        for i in x:
+            v = x[i]
+            for _ in range(counts[i]):
+                v = qd.sin(v)
+            loss[None] += v
+
+    counts = rng.integers(0, 6, N).astype(np.int32)
+    xs = rng.uniform(-1, 1, N)
+    x.from_numpy(xs)
+    for launch in range(1, 4):
+        counts[launch] = 10 * launch        # changed in place: no generation says so
+        loss[None] = 0
+        chain(counts)
+        loss.grad[None] = 1
+        x.grad.fill(0)
+        chain.grad(counts)
+        np.testing.assert_allclose(x.grad.to_numpy(), _sin_chain_reference(xs, counts)[1], rtol=1e-12)
+        assert chain.grad.adstacks[0].evaluations == launch
+
+
+def test_stamps_and_reducer_source():
+    """The cache keys of each leaf kind, and the generated reduction kernel's text."""
+    nd = qd.ndarray(qd.i32, (4,))
+    first = adstack._stamp(nd)
+    nd.fill(2)
+    assert adstack._stamp(nd) != first
+    assert adstack._stamp(nd._arr) == adstack._stamp(nd)      # the CPU launcher passes the buffer
+    assert adstack._stamp(np.zeros(3)) is None and adstack._stamp(7) == 7
+    dims = ((("const", 0), ("shape", ("arg", 1), 0), ("const", 1)),)
+    body = ("*", ("load", ("arg", 1), (("index", 0),)), ("arg", 0))
+    source, used, fields = adstack.reducer_source(dims, body, runtime=1)
+    assert used == [0] and fields == [1]
+    assert "qd.atomic_max(out[0], qd.cast((f0[i0] * a0), qd.i64))" in source
+
+
+def test_ad_stack_sizer_option_is_checked():
+    with pytest.raises(qd.QuadrantsConfigError, match="ad_stack_sizer"):
+        qd.init(arch=config.current.arch, ad_stack_sizer="gpu")
+    qd.init(arch=config.current.arch)
+
+
+@pytest.mark.cuda
+def test_cuda_device_reduction_and_deferred_overflow(rng):
+    """On the GPU a per-thread bound in a field is reduced by the device kernel (one int64 comes
+    back) and agrees with the host path; an overflow surfaces at the next synchronisation."""
+    counts = rng.integers(0, 40, 4096).astype(np.int32)
+    xs = rng.uniform(-1, 1, 4096)
+    depths = {}
+    try:
+        for sizer in ("host", "auto"):
+            qd.init(arch=qd.cuda, ad_stack_sizer=sizer)
+            x = qd.field(qd.f64, shape=(4096,), needs_grad=True)
+            n = qd.field(qd.i32, shape=(4096,))
+            loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+            @qd.kernel
+            def chain():
+                for i in x:
+                    v = x[i]
+                    for _ in range(n[i]):
+                        v = qd.sin(v)
+                    loss[None] += v
+
+            n.from_numpy(counts)
+            x.from_numpy(xs)
+            _run(chain, loss)
+            np.testing.assert_allclose(x.grad.to_numpy(), _sin_chain_reference(xs, counts)[1], rtol=1e-12)
+            stack = chain.grad.adstacks[0]
+            depths[sizer] = (stack.depth, stack.device_reductions)
+        assert depths["host"][0] == depths["auto"][0] == 2 * (int(counts.max()) + 1)
+        assert depths["host"][1] == 0 and depths["auto"][1] == 1
+
+        qd.init(arch=qd.cuda, ad_stack_size=8)
+        x = qd.field(qd.f64, shape=(256,), needs_grad=True)
+        loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+        @qd.kernel
+        def deep(steps: qd.i32):
+            for i in x:
+                v = x[i]
+                for _ in range(steps):
+                    v = qd.sin(v)
+                loss[None] += v
+
+        deep(20)
+        loss.grad[None] = 1
+        deep.grad(20)                       # returns: the flag is read asynchronously
+        with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow") as info:
+            qd.sync()
+        assert "deep.grad" in str(info.value) and "test_ad_sizing.py:" in str(info.value)
+        assert "next synchronisation" in str(info.value)
+        deep.grad(2)                        # the flag was cleared
+        qd.sync()
+        deep.grad(20)
+        with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow"):
+            x.grad.to_numpy()
+    finally:
+        qd.init()

@@ -219,8 +219,8 @@ class AdStack:
         self.params = ()            # (annotation, kind) per runtime parameter of the kernel
         self.fields = ()            # the kernel's fields (the hidden arguments), for the reducer
         self.reducer = None         # (kernel, runtime leaves, out) once made; False: cannot compile
-        self.flag = None            # CUDA: (pinned word, its address, event) of the flag's async read
-        self.pending = None         # CUDA: what a flag read in flight reports (depth, source)
+        self.slots = []             # CUDA: free (pinned word, its address, event) for the flag's async reads
+        self.in_flight = []         # CUDA: (slot, depth, source) per launch whose flag is not reported yet
 
     # -- sizing ------------------------------------------------------------------------------------
     def depth_for(self, leaf) -> int:
@@ -307,12 +307,10 @@ class AdStack:
                 else f"the loop bounds, read before the launch: {self.size_text} = {self.depth}")
 
     def _overflow(self, depth, source, later=False):
-        if self.desc._dev is not None:      # clear the flag (not through desc[3]: no claim, no sync check)
-            self.desc._dev[3:4].copy_to_device(np.zeros(1, np.int64))
-        else:
+        if not later:                       # CUDA clears the flag after each launch's copy
             self.desc._arr[3] = 0
-        when = (" (found at the next synchronisation after that launch: qd.sync, to_numpy, a field read, "
-                "the Tape's exit or the next launch of this gradient kernel)") if later else ""
+        when = (" (found after that launch, at the next synchronisation — qd.sync, to_numpy, a device "
+                "element read, the Tape's exit — or at a later launch of this gradient kernel)") if later else ""
         return QuadrantsRuntimeError(
             f"kernel '{self.kernel_name}': adstack overflow in the task of the loop at {self.loc}{when}: a thread "
             f"pushed more than the {depth} words sized from {source}. Likely cause: a loop bound "
@@ -325,30 +323,43 @@ class AdStack:
             raise self._overflow(self.depth, self._source())
 
     def watch(self, rt) -> None:
-        """CUDA: after a launch, read the flag into pinned memory, ordered after the kernel on
-        its stream, and record an event; :meth:`settle` reports it later."""
-        if self.flag is None:
-            word, address = rt.pinned_words(1)
-            self.flag = (word, address, rt.event(), rt)
-        word, address, event, _ = self.flag
-        rt.read_async(address, self.desc._dev.device_ctypes_pointer.value + 3 * 8, 8, event)
-        self.pending = (self.depth, self._source())
-        _pending[id(self)] = self
+        """CUDA: after a launch, copy its flag into pinned memory and clear it on the device,
+        both ordered after the kernel on its stream, then record an event; nothing waits. The
+        launch is reported by :meth:`poll` (the next launch, if its copy is done) or
+        :meth:`settle` (where the host synchronises)."""
+        slot = self.slots.pop() if self.slots else (*rt.pinned_words(1), rt.event())
+        flag = self.desc._dev.device_ctypes_pointer.value + 3 * 8
+        rt.read_async(slot[1], flag, 8, slot[2])
+        self.in_flight.append((slot, self.depth, self._source()))
+        _pending[id(self)] = (self, rt)
         _register_sync_check()
 
-    def settle(self) -> None:
-        """CUDA: wait for the flag read in flight (its event) and raise if it was set."""
-        pending, self.pending = self.pending, None
-        _pending.pop(id(self), None)
-        if pending is None:
-            return
-        word, _, event, rt = self.flag
-        rt.wait_event(event)
-        if word[0] != 0:
-            raise self._overflow(*pending, later=True)
+    def poll(self, rt) -> None:
+        """CUDA: report the launches whose flag copies are done (in launch order), never waiting."""
+        while self.in_flight and rt.event_done(self.in_flight[0][0][2]):
+            self._report(self.in_flight.pop(0))
+        if not self.in_flight:
+            _pending.pop(id(self), None)
+
+    def settle(self, rt) -> None:
+        """CUDA: wait for every flag copy in flight and report them (in launch order)."""
+        try:
+            while self.in_flight:
+                entry = self.in_flight.pop(0)
+                rt.wait_event(entry[0][2])
+                self._report(entry)
+        finally:
+            if not self.in_flight:
+                _pending.pop(id(self), None)
+
+    def _report(self, entry) -> None:
+        slot, depth, source = entry
+        self.slots.append(slot)
+        if slot[0][0] != 0:
+            raise self._overflow(depth, source, later=True)
 
 
-_pending = {}       # id -> AdStack with a flag read in flight (CUDA)
+_pending = {}       # id -> (AdStack, CudaRuntime) with flag copies in flight
 
 
 def check_pending() -> None:
@@ -357,8 +368,8 @@ def check_pending() -> None:
     from . import field
 
     try:
-        for stack in list(_pending.values()):
-            stack.settle()
+        for stack, rt in list(_pending.values()):
+            stack.settle(rt)
     finally:
         if not _pending and check_pending in field.host_sync_checks:
             field.host_sync_checks.remove(check_pending)
@@ -413,8 +424,8 @@ def wrap_cuda_run(run, adstacks, kernel, hidden, rows_of, rt):
             return args[runtime[k]] if k < len(runtime) else hidden[k - len(runtime)]
 
         for stack in adstacks:
-            if stack.pending is not None:       # the previous launch's flag, before reusing its heap
-                stack.settle()
+            if stack.in_flight:                 # earlier launches whose flags have come back
+                stack.poll(rt)
             stack.prepare(leaf, rows_of(stack.task_uid), rt.device_words)
         out = run(*args)
         for stack in adstacks:

@@ -286,11 +286,23 @@ class CudaRuntime:
         return _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
 
     def read_async(self, host_address: int, device_address: int, nbytes: int, event) -> None:
-        """Copy device memory to pinned host memory after the work queued on the legacy default
-        stream (the plans' stream), and record ``event`` after the copy; no waiting."""
+        """Copy ``nbytes`` (a multiple of 4) of device memory to pinned host memory and zero them,
+        after the work queued on the legacy default stream (the plans' stream), and record
+        ``event`` after that; no waiting."""
         drv = _driver()
-        _check(drv.cuMemcpyDtoHAsync(host_address, device_address, nbytes, drv.CUstream(0)), "cuMemcpyDtoHAsync")
-        _check(drv.cuEventRecord(event, drv.CUstream(0)), "cuEventRecord")
+        stream = drv.CUstream(0)
+        _check(drv.cuMemcpyDtoHAsync(host_address, device_address, nbytes, stream), "cuMemcpyDtoHAsync")
+        _check(drv.cuMemsetD32Async(device_address, 0, nbytes // 4, stream), "cuMemsetD32Async")
+        _check(drv.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_done(self, event) -> bool:
+        """Whether the work before ``event`` has finished (never waits)."""
+        drv = _driver()
+        (err,) = drv.cuEventQuery(event)
+        if err == drv.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        _check((err,), "cuEventQuery")
+        return True
 
     def wait_event(self, event) -> None:
         _check(_driver().cuEventSynchronize(event), "cuEventSynchronize")

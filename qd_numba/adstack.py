@@ -45,7 +45,7 @@ import numpy as np
 
 from . import config, dtypes
 from .errors import QuadrantsRuntimeError
-from .field import ArrayData, Field, buffer_owner
+from .field import ArrayData, Field, buffer_owner, host_sync_checks
 
 _BINARY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
            "//": lambda a, b: a // b, "max": np.maximum, "min": np.minimum}
@@ -69,13 +69,25 @@ def evaluate(expr, leaf, index=None):
         value = evaluate(expr[1], leaf)[() if at is None else at]
         return int(value.item() if hasattr(value, "item") else value)
     if tag == "load":
-        array = np.asarray(evaluate(expr[1], leaf))
+        array = _host_array(evaluate(expr[1], leaf))
         at = tuple(evaluate(e, leaf, index) for e in expr[2])
         return array[at].astype(np.int64)
     if tag == "maxover":
         return max_over(expr[1], expr[2], leaf)
     value = _BINARY[tag](evaluate(expr[1], leaf, index), evaluate(expr[2], leaf, index))
     return value if isinstance(value, np.ndarray) else int(value)
+
+
+def _host_array(value) -> np.ndarray:
+    """The data of a per-thread leaf on the host: a host buffer as it is, device data copied
+    (the serial fallback of the device max-reduction)."""
+    if isinstance(value, ArrayData):
+        return value._arr if value._dev is None else value.to_numpy()
+    if hasattr(value, "__cuda_array_interface__"):
+        from numba import cuda
+
+        return cuda.as_cuda_array(value).copy_to_host()
+    return np.asarray(value)
 
 
 def space_counts(dims, leaf):
@@ -365,21 +377,17 @@ _pending = {}       # id -> (AdStack, CudaRuntime) with flag copies in flight
 def check_pending() -> None:
     """Report the overflow flags read in flight (CUDA): called where the host synchronises anyway
     (qd.sync, to_numpy, field reads, the Tape's exit); the first set flag raises."""
-    from . import field
-
     try:
         for stack, rt in list(_pending.values()):
             stack.settle(rt)
     finally:
-        if not _pending and check_pending in field.host_sync_checks:
-            field.host_sync_checks.remove(check_pending)
+        if not _pending and check_pending in host_sync_checks:
+            host_sync_checks.remove(check_pending)
 
 
 def _register_sync_check() -> None:
-    from . import field
-
-    if check_pending not in field.host_sync_checks:
-        field.host_sync_checks.append(check_pending)
+    if check_pending not in host_sync_checks:
+        host_sync_checks.append(check_pending)
 
 
 def _on_device(value) -> bool:

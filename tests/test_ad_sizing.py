@@ -5,11 +5,15 @@ overflows surface. Gradients are checked against a numpy reference on random dat
 
 from __future__ import annotations
 
+import ctypes
+
+import numba
 import numpy as np
 import pytest
 
 import qd_numba as qd
 from qd_numba import adstack, config
+from qd_numba.field import host_sync_checks
 
 N = 24
 
@@ -325,3 +329,113 @@ def test_cuda_device_reduction_and_deferred_overflow(rng):
             x.grad.to_numpy()
     finally:
         qd.init()
+
+
+class _StandInRuntime:
+    """The CudaRuntime calls the CUDA launch wrapper makes, on host memory: the flag copy is
+    immediate, and ``done`` says whether its event has completed."""
+
+    def __init__(self):
+        self.done, self.waits = False, 0
+
+    def pinned_words(self, count):
+        words = (ctypes.c_int64 * count)()
+        return words, ctypes.addressof(words)
+
+    def event(self):
+        return object()
+
+    def read_async(self, host_address, device_address, nbytes, event):
+        flag = ctypes.c_int64.from_address(device_address)
+        ctypes.c_int64.from_address(host_address).value = flag.value
+        flag.value = 0
+
+    def event_done(self, event):
+        return self.done
+
+    def wait_event(self, event):
+        self.waits += 1
+
+    def device_words(self, count):
+        return adstack.host_alloc(count)
+
+
+class _HostAsDevice:
+    """A field's ``_dev`` standing for device memory: the host buffer itself."""
+
+    def __init__(self, array):
+        self.array = array
+        self.device_ctypes_pointer = ctypes.c_void_p(array.ctypes.data)
+
+    def copy_to_device(self, values):
+        self.array[...] = values
+
+
+def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng):
+    """The CUDA gradient launch path (adstack.wrap_cuda_run) driven on the CPU with a stand-in
+    runtime: the launch never waits; the flag is reported at qd.sync or the Tape's exit (device
+    reads too, on a GPU), or at a later launch once its copy is done, naming the kernel and the
+    task."""
+    x, _, loss = _fields()
+
+    @qd.kernel
+    def chain(steps: qd.i32):
+        for i in x:
+            v = x[i]
+            for _ in range(steps):
+                v = qd.sin(v)
+            loss[None] += v
+
+    x.from_numpy(rng.uniform(-1, 1, N))
+    chain(3)
+    loss.grad[None] = 1
+    chain.grad(3)
+    inst = chain.grad.last_instance
+    (stack,) = chain.grad.adstacks
+    stack.desc._dev = _HostAsDevice(stack.desc._arr)
+    rt = _StandInRuntime()
+    rows = numba.config.NUMBA_NUM_THREADS
+    sized = {"steps": 3}
+
+    def run(steps):             # the launch, with a bound that may differ from the sized one
+        return inst.cres.entry_point(sized.get("override", steps), *inst.hidden)
+
+    launch = adstack.wrap_cuda_run(run, [stack], chain.grad, inst.fields, lambda uid: rows, rt)
+    try:
+        launch(3)
+        assert rt.waits == 0 and stack.in_flight and adstack.check_pending in host_sync_checks
+        qd.sync()                                           # nothing overflowed
+        assert not stack.in_flight and adstack.check_pending not in host_sync_checks
+        sized["override"] = 40                              # the kernel runs longer than sized for 3
+        launch(3)
+        assert stack.in_flight                              # the launch returned without reporting
+        with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow") as info:
+            qd.sync()
+        message = str(info.value)
+        assert "chain.grad" in message and "test_ad_sizing.py:" in message and "next synchronisation" in message
+        launch(3)                                           # the flag was cleared after its copy
+        with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow"):
+            with qd.ad.Tape(loss=loss):                     # reported at the Tape's exit
+                chain(3)
+        del sized["override"]
+        launch(3)
+        rt.done = True
+        launch(3)                                           # polls: the earlier launch was fine
+        assert len(stack.in_flight) == 1
+        sized["override"] = 40
+        launch(3)
+        del sized["override"]
+        rt.done = False
+        launch(3)                                           # not done yet: nothing reported, nothing waited
+        assert len(stack.in_flight) == 2
+        rt.done = True
+        with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow"):
+            launch(3)                                       # a later launch reports it, before launching
+        assert len(stack.in_flight) == 1
+        qd.sync()                                           # the launch after it was fine
+        assert not stack.in_flight and rt.waits > 0
+    finally:
+        stack.desc._dev = None
+        adstack._pending.clear()
+        if adstack.check_pending in host_sync_checks:
+            host_sync_checks.remove(adstack.check_pending)

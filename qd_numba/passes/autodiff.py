@@ -50,6 +50,7 @@ from .base import MISSING, hidden_argument, is_global_data, try_static
 from .bounds import _arg_name, has_index, size_expr, space_sizes
 from .ir_builder import successors
 from .plan_tasks import PlanTasks
+from .reductions import ReduceAtomics
 
 # callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
 _MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS}
@@ -96,6 +97,8 @@ class ReverseMode:
         _reverse_task_order(state)
         state.refresh_definitions()
         PlanTasks().run(state)
+        if ReduceAtomics().run(state, adjoints=True):   # adjoints accumulated at one address: per warp/chunk
+            PlanTasks().run(state)
         uids = {t.header: t.uid for t in state.tasks}
         for stack in state.adstacks:
             stack.task_uid = uids[stack.header]

@@ -25,9 +25,13 @@ it a new generation) and the values of its scalar arguments: a launch whose leav
 change evaluates nothing. A leaf without a generation (a numpy array argument) is evaluated
 on every launch.
 
-After the launch the overflow flag is read (CPU: at once; CUDA: see :func:`check_pending`); a set
-flag raises :class:`QuadrantsRuntimeError` naming the kernel, the task (file:line of its loop)
-and the likely cause.
+On CUDA a launch whose size is cached neither waits nor copies anything to the host: the
+descriptor, when it changes, goes up from pinned memory on the kernels' stream (an event guards
+the pinned words' reuse), and the overflow flag comes back the same way (:meth:`AdStack.watch`).
+The flag is checked at once on the CPU; on CUDA where the host synchronises anyway
+(:func:`check_pending`) or at a later launch of the kernel. A set flag raises
+:class:`QuadrantsRuntimeError` naming the kernel, the task (file:line of its loop) and the likely
+cause.
 
 Size expressions are nested tuples: ``("const", n)``, ``("arg", k)`` (kernel argument k: a
 runtime parameter, or a hidden field after them), ``("item", e, index)`` (an element of the
@@ -233,6 +237,8 @@ class AdStack:
         self.reducer = None         # (kernel, runtime leaves, out) once made; False: cannot compile
         self.slots = []             # CUDA: free (pinned word, its address, event) for the flag's async reads
         self.in_flight = []         # CUDA: (slot, depth, source) per launch whose flag is not reported yet
+        self.upload = None          # CUDA: (pinned words, address, event) of the descriptor's uploads
+        self.desc_address = None    # CUDA: the descriptor's device address
 
     # -- sizing ------------------------------------------------------------------------------------
     def depth_for(self, leaf) -> int:
@@ -300,18 +306,36 @@ class AdStack:
         exec_generated(source, f"adstack sizer of {self.kernel_name} at {self.loc}", ns)
         return ns["adstack_depth"], used, qd.ndarray(qd.i64, (1,))
 
-    def prepare(self, leaf, rows: int, alloc) -> None:
+    def prepare(self, leaf, rows: int, alloc, rt=None) -> None:
         """Size the heap for this launch: ``rows`` threads; ``alloc(words)`` makes an int64 buffer
-        (numpy on the CPU, device memory on CUDA) and gives (buffer, address)."""
+        (numpy on the CPU, device memory on CUDA) and gives (buffer, address). The descriptor is
+        written when it changes: on CUDA (``rt``) asynchronously from pinned memory, ordered
+        before the kernel on its stream, the pinned words reused once their event has passed."""
         depth = self.depth = self.depth_for(leaf)
         words = depth * rows
         if words > self.capacity:
             self.capacity = max(words, 2 * self.capacity)
             self.heap, self.address = alloc(self.capacity)
         state = (self.address, depth, rows)
-        if state != self.written:
+        if state == self.written:
+            return
+        if rt is None:
             self.desc.from_numpy(np.array([*state, 0], dtype=np.int64))
-            self.written = state
+        else:
+            if self.upload is None:
+                self.upload = (*rt.pinned_words(4), rt.event())
+            else:
+                rt.wait_event(self.upload[2])      # the previous upload has left the pinned words
+            words_, address, event = self.upload
+            words_[:] = [*state, 0]
+            rt.write_async(self.device_address(), address, 32, event)
+        self.written = state
+
+    def device_address(self) -> int:
+        """The descriptor's device address (CUDA; a field's storage never moves)."""
+        if self.desc_address is None:
+            self.desc_address = self.desc._dev.device_ctypes_pointer.value
+        return self.desc_address
 
     # -- overflow ----------------------------------------------------------------------------------
     def _source(self) -> str:
@@ -340,8 +364,7 @@ class AdStack:
         launch is reported by :meth:`poll` (the next launch, if its copy is done) or
         :meth:`settle` (where the host synchronises)."""
         slot = self.slots.pop() if self.slots else (*rt.pinned_words(1), rt.event())
-        flag = self.desc._dev.device_ctypes_pointer.value + 3 * 8
-        rt.read_async(slot[1], flag, 8, slot[2])
+        rt.read_async(slot[1], self.device_address() + 3 * 8, 8, slot[2])
         self.in_flight.append((slot, self.depth, self._source()))
         _pending[id(self)] = (self, rt)
         _register_sync_check()
@@ -434,7 +457,7 @@ def wrap_cuda_run(run, adstacks, kernel, hidden, rows_of, rt):
         for stack in adstacks:
             if stack.in_flight:                 # earlier launches whose flags have come back
                 stack.poll(rt)
-            stack.prepare(leaf, rows_of(stack.task_uid), rt.device_words)
+            stack.prepare(leaf, rows_of(stack.task_uid), rt.device_words, rt)
         out = run(*args)
         for stack in adstacks:
             stack.watch(rt)

@@ -336,7 +336,7 @@ class _StandInRuntime:
     immediate, and ``done`` says whether its event has completed."""
 
     def __init__(self):
-        self.done, self.waits = False, 0
+        self.done, self.waits, self.uploads = False, 0, 0
 
     def pinned_words(self, count):
         words = (ctypes.c_int64 * count)()
@@ -344,6 +344,10 @@ class _StandInRuntime:
 
     def event(self):
         return object()
+
+    def write_async(self, device_address, host_address, nbytes, event):
+        self.uploads += 1
+        ctypes.memmove(device_address, host_address, nbytes)
 
     def read_async(self, host_address, device_address, nbytes, event):
         flag = ctypes.c_int64.from_address(device_address)
@@ -406,6 +410,14 @@ def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng):
         assert rt.waits == 0 and stack.in_flight and adstack.check_pending in host_sync_checks
         qd.sync()                                           # nothing overflowed
         assert not stack.in_flight and adstack.check_pending not in host_sync_checks
+        waits = rt.waits                                    # qd.sync waited for the flag's event
+        launch(5)                                           # a new depth: the descriptor goes up async
+        assert rt.uploads == 1 and rt.waits == waits and stack.desc._arr[1] == 2 * (5 + 1)
+        launch(6)                                           # the pinned words are reused after their event
+        assert rt.uploads == 2 and rt.waits == waits + 1 and stack.desc._arr[1] == 2 * (6 + 1)
+        launch(6)
+        assert rt.uploads == 2
+        qd.sync()
         sized["override"] = 40                              # the kernel runs longer than sized for 3
         launch(3)
         assert stack.in_flight                              # the launch returned without reporting

@@ -295,6 +295,15 @@ class CudaRuntime:
         _check(drv.cuMemsetD32Async(device_address, 0, nbytes // 4, stream), "cuMemsetD32Async")
         _check(drv.cuEventRecord(event, stream), "cuEventRecord")
 
+    def write_async(self, device_address: int, host_address: int, nbytes: int, event) -> None:
+        """Copy pinned host memory to the device, ordered on the legacy default stream before the
+        work queued after it, and record ``event`` after the copy (the host memory may be reused
+        once it has passed); no waiting."""
+        drv = _driver()
+        stream = drv.CUstream(0)
+        _check(drv.cuMemcpyHtoDAsync(device_address, host_address, nbytes, stream), "cuMemcpyHtoDAsync")
+        _check(drv.cuEventRecord(event, stream), "cuEventRecord")
+
     def event_done(self, event) -> bool:
         """Whether the work before ``event`` has finished (never waits)."""
         drv = _driver()

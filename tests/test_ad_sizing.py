@@ -451,3 +451,36 @@ def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng):
         adstack._pending.clear()
         if adstack.check_pending in host_sync_checks:
             host_sync_checks.remove(adstack.check_pending)
+
+
+def test_two_loops_with_per_thread_bounds_get_their_own_depths(rng):
+    x, n, loss = _fields()
+    y = qd.field(qd.f64, shape=(N,), needs_grad=True)
+
+    @qd.kernel
+    def two():
+        for i in x:
+            v = x[i]
+            for _ in range(n[i]):
+                v = qd.sin(v)
+            loss[None] += v
+        for j in y:
+            w = y[j]
+            for _ in range(n[j] + 1):
+                w = qd.cos(w)
+            loss[None] += w
+
+    counts = rng.integers(0, 6, N).astype(np.int32)
+    xs, ys = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    n.from_numpy(counts)
+    x.from_numpy(xs)
+    y.from_numpy(ys)
+    _run(two, loss)
+    np.testing.assert_allclose(x.grad.to_numpy(), _sin_chain_reference(xs, counts)[1], rtol=1e-12)
+    w, dw = ys.copy(), np.ones(N)
+    for t in range(int(counts.max()) + 1):
+        live = t < counts + 1
+        dw = np.where(live, -dw * np.sin(w), dw)
+        w = np.where(live, np.cos(w), w)
+    np.testing.assert_allclose(y.grad.to_numpy(), dw, rtol=1e-12)
+    assert sorted(s.depth for s in two.grad.adstacks) == [2 * (counts.max() + 1), 2 * (counts.max() + 2)]

@@ -267,7 +267,11 @@ def _is_space_index(state, var, space) -> bool:
     d = resolve_copies(state, var)[1]
     if not (isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is spaces.space_index):
         return False
-    return resolve_copies(state, d.args[0])[0].name == resolve_copies(state, space)[0].name
+    got, want = resolve_copies(state, d.args[0])[0], resolve_copies(state, space)[0]
+    if got.name == want.name:
+        return True
+    key = space_key(state, want)    # a fused loop's later parts index their own (identical) copy of the space
+    return key is not None and space_key(state, got) == key
 
 
 def _index_parts(state, index, depth, space):

@@ -43,6 +43,7 @@ parallel loop's index) and ``("load", e, (i0, ...))`` (an element at per-thread 
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -54,6 +55,8 @@ from .field import ArrayData, Field, buffer_owner, host_sync_checks
 _BINARY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
            "//": lambda a, b: a // b, "max": np.maximum, "min": np.minimum}
 _CHUNK = 1 << 20        # index points per numpy pass of a host max-reduction
+_SLOTS_PER_BLOCK = 32   # CUDA: pinned flag words allocated at a time
+_MAX_IN_FLIGHT = 256    # CUDA: launches whose flags may be outstanding before one waits
 
 
 def evaluate(expr, leaf, index=None):
@@ -235,8 +238,8 @@ class AdStack:
         self.params = ()            # (annotation, kind) per runtime parameter of the kernel
         self.fields = ()            # the kernel's fields (the hidden arguments), for the reducer
         self.reducer = None         # (kernel, runtime leaves, out) once made; False: cannot compile
-        self.slots = []             # CUDA: free (pinned word, its address, event) for the flag's async reads
-        self.in_flight = []         # CUDA: (slot, depth, source) per launch whose flag is not reported yet
+        self.slots = []             # CUDA: free (pinned words, index, address, event) for the flags' async reads
+        self.in_flight = collections.deque()   # CUDA: (slot, depth, source) per launch not reported yet
         self.upload = None          # CUDA: (pinned words, address, event) of the descriptor's uploads
         self.desc_address = None    # CUDA: the descriptor's device address
 
@@ -289,7 +292,8 @@ class AdStack:
             self.reducer = False
             return None
         self.device_reductions += 1
-        return int(out.to_numpy()[0])
+        # the one int64 (not out.to_numpy(): that would also report other launches' overflows here)
+        return int(out._arr[0] if out._dev is None else out._dev.copy_to_host()[0])
 
     def _make_reducer(self):
         import qd_numba as qd
@@ -363,25 +367,35 @@ class AdStack:
         both ordered after the kernel on its stream, then record an event; nothing waits. The
         launch is reported by :meth:`poll` (the next launch, if its copy is done) or
         :meth:`settle` (where the host synchronises)."""
-        slot = self.slots.pop() if self.slots else (*rt.pinned_words(1), rt.event())
-        rt.read_async(slot[1], self.device_address() + 3 * 8, 8, slot[2])
+        if not self.slots:                  # pinned words and events, a block at a time
+            words, address = rt.pinned_words(_SLOTS_PER_BLOCK)
+            self.slots = [(words, k, address + 8 * k, rt.event()) for k in reversed(range(_SLOTS_PER_BLOCK))]
+        slot = self.slots.pop()
+        rt.read_async(slot[2], self.device_address() + 3 * 8, 8, slot[3])
         self.in_flight.append((slot, self.depth, self._source()))
         _pending[id(self)] = (self, rt)
         _register_sync_check()
 
     def poll(self, rt) -> None:
-        """CUDA: report the launches whose flag copies are done (in launch order), never waiting."""
-        while self.in_flight and rt.event_done(self.in_flight[0][0][2]):
-            self._report(self.in_flight.pop(0))
-        if not self.in_flight:
+        """CUDA: report the launches whose flag copies are done (in launch order); waits only for
+        the oldest when more than ``_MAX_IN_FLIGHT`` are outstanding (the host far ahead)."""
+        in_flight = self.in_flight
+        while in_flight:
+            event = in_flight[0][0][3]
+            if len(in_flight) >= _MAX_IN_FLIGHT:
+                rt.wait_event(event)
+            elif not rt.event_done(event):
+                break
+            self._report(in_flight.popleft())
+        if not in_flight:
             _pending.pop(id(self), None)
 
     def settle(self, rt) -> None:
         """CUDA: wait for every flag copy in flight and report them (in launch order)."""
         try:
             while self.in_flight:
-                entry = self.in_flight.pop(0)
-                rt.wait_event(entry[0][2])
+                entry = self.in_flight.popleft()
+                rt.wait_event(entry[0][3])
                 self._report(entry)
         finally:
             if not self.in_flight:
@@ -390,7 +404,7 @@ class AdStack:
     def _report(self, entry) -> None:
         slot, depth, source = entry
         self.slots.append(slot)
-        if slot[0][0] != 0:
+        if slot[0][slot[1]] != 0:
             raise self._overflow(depth, source, later=True)
 
 

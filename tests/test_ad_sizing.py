@@ -375,7 +375,7 @@ class _HostAsDevice:
         self.array[...] = values
 
 
-def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng):
+def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng, monkeypatch):
     """The CUDA gradient launch path (adstack.wrap_cuda_run) driven on the CPU with a stand-in
     runtime: the launch never waits; the flag is reported at qd.sync or the Tape's exit (device
     reads too, on a GPU), or at a later launch once its copy is done, naming the kernel and the
@@ -446,6 +446,12 @@ def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng):
         assert len(stack.in_flight) == 1
         qd.sync()                                           # the launch after it was fine
         assert not stack.in_flight and rt.waits > 0
+        rt.done, waits = False, rt.waits                    # the host far ahead of the device:
+        monkeypatch.setattr(adstack, "_MAX_IN_FLIGHT", 3)   # past the bound, a launch waits for the oldest
+        for _ in range(5):
+            launch(3)
+        assert len(stack.in_flight) == 3 and rt.waits == waits + 2
+        qd.sync()
     finally:
         stack.desc._dev = None
         adstack._pending.clear()
@@ -484,3 +490,17 @@ def test_two_loops_with_per_thread_bounds_get_their_own_depths(rng):
         w = np.where(live, np.cos(w), w)
     np.testing.assert_allclose(y.grad.to_numpy(), dw, rtol=1e-12)
     assert sorted(s.depth for s in two.grad.adstacks) == [2 * (counts.max() + 1), 2 * (counts.max() + 2)]
+
+
+def test_size_expressions_are_simplified():
+    from qd_numba.passes.bounds import simplify_size
+
+    trip = ("+", ("max", ("const", 0), ("-", ("load", ("arg", 1), (("index", 0),)), ("const", 0))), ("const", 1))
+    size = ("+", ("+", ("*", ("const", 1), trip), ("*", ("const", 2), trip)), ("*", ("const", 4), ("const", 5)))
+    simple = simplify_size(size)
+    assert simple == ("+", ("*", ("const", 3), ("+", ("max", ("const", 0), ("load", ("arg", 1), (("index", 0),))),
+                                                   ("const", 1))), ("const", 20))
+    leaf = {1: np.array([3, 9, 1])}.__getitem__
+    dims = ((("const", 0), ("const", 3), ("const", 1)),)
+    assert adstack.max_over(dims, simple, leaf) == adstack.max_over(dims, size, leaf) == 3 * 10 + 20
+    assert simplify_size(("//", ("const", 4), ("const", 0))) == ("//", ("const", 4), ("const", 0))

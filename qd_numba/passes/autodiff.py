@@ -47,7 +47,7 @@ from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
 from .base import MISSING, hidden_argument, is_global_data, try_static
-from .bounds import _arg_name, has_index, size_expr, space_sizes
+from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes
 from .ir_builder import successors
 from .plan_tasks import PlanTasks
 from .reductions import ReduceAtomics
@@ -300,7 +300,7 @@ class _Transform:
                               "parallel loop's index and field/ndarray elements at constant indices or at the "
                               "parallel loop's index, with + - * // max min); "
                               "set qd.init(ad_stack_size=N) to give the depth", loc)
-        size = None if unbounded else self._stack_size(info)
+        size = None if unbounded else simplify_size(self._stack_size(info))
         if size is not None and has_index(size):    # a per-thread bound: the max over the loop's space
             dims = space_sizes(state, self.lp.space_var)
             if dims is None and not state.config.ad_stack_size:

@@ -289,6 +289,42 @@ def _index_parts(state, index, depth, space):
     return None if any(p is None for p in parts) else parts
 
 
+def simplify_size(expr):
+    """``expr`` with constants folded, ``1 *``, ``+ 0`` and ``- 0`` dropped, and ``a * T + b * T``
+    collected (a stack's size sums the same trip count per block): fewer nodes to evaluate per
+    launch (per index point, for a per-thread bound) and a shorter text in messages."""
+    if not (isinstance(expr, tuple) and expr and expr[0] in _FOLD):
+        return expr
+    a, b = simplify_size(expr[1]), simplify_size(expr[2])
+    tag = expr[0]
+    if a[0] == "const" and b[0] == "const" and (tag != "//" or b[1] != 0):
+        return ("const", _FOLD[tag](a[1], b[1]))
+    if tag == "*":
+        if a == ("const", 1):
+            return b
+        if b == ("const", 1):
+            return a
+    if tag in ("+", "-") and b == ("const", 0):
+        return a
+    if tag == "+":
+        if a == ("const", 0):
+            return b
+        (ca, ta), (cb, tb) = _term(a), _term(b)
+        if ta == tb:
+            return ("*", ("const", ca + cb), ta)
+    return (tag, a, b)
+
+
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "max": max, "min": min}
+
+
+def _term(expr):
+    """``(c, T)`` with ``expr == c * T``."""
+    if expr[0] == "*" and expr[1][0] == "const":
+        return expr[1][1], expr[2]
+    return 1, expr
+
+
 def has_index(expr) -> bool:
     """Whether a size expression reads the parallel loop's index (a per-thread bound)."""
     if not isinstance(expr, tuple):

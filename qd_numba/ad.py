@@ -17,7 +17,7 @@ import numpy as np
 from . import config
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
-from .field import dual_holders, gradient_holders
+from .field import dual_holders, gradient_holders, host_sync_checks, run_host_sync_checks
 
 _active_tape = None
 
@@ -78,6 +78,8 @@ class Tape:
         kernel_module.wrap_calls(None)
         if exc_type is None:
             self.grad()
+            if host_sync_checks:    # adstack overflows of the gradient launches (CUDA reads them async)
+                run_host_sync_checks()
 
     def insert(self, fn, args) -> None:
         self.calls.append((fn, args))

@@ -44,6 +44,7 @@ def env_float(name: str, default: float) -> float:
 
 
 CLEANING_POLICIES = ("lru", "fifo", "version", "never")   # offline_cache_cleaning_policy, as Quadrants
+AD_STACK_SIZERS = ("auto", "host", "device")    # ad_stack_sizer
 
 
 def env_int(name: str, default: int) -> int:
@@ -88,6 +89,7 @@ class Config:
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
     ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
+    ad_stack_sizer: str = "auto"        # QD_AD_STACK_SIZER: auto | host | device (per-thread bounds' max-reduction)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
     offline_cache: bool = True          # QD_OFFLINE_CACHE: reuse compiled kernels across processes (offline_cache.py)
     offline_cache_file_path: str = ""   # QD_OFFLINE_CACHE_FILE_PATH: its directory ("": ~/.cache/qd_numba/qdcache)
@@ -193,6 +195,7 @@ def config_from_env(**overrides) -> Config:
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
+        ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
     )
     cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
     cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip
@@ -214,6 +217,9 @@ def config_from_env(**overrides) -> Config:
     if cfg.offline_cache_cleaning_policy not in CLEANING_POLICIES:
         raise QuadrantsConfigError(f"offline_cache_cleaning_policy={cfg.offline_cache_cleaning_policy!r}: "
                                    f"expected one of {', '.join(CLEANING_POLICIES)}")
+    if cfg.ad_stack_sizer not in AD_STACK_SIZERS:
+        raise QuadrantsConfigError(f"ad_stack_sizer={cfg.ad_stack_sizer!r}: "
+                                   f"expected one of {', '.join(AD_STACK_SIZERS)}")
     if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
         raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
                                    "(0: one per CPU core)")

@@ -28,6 +28,48 @@ from .errors import QuadrantsIndexError, QuadrantsRuntimeError, QuadrantsTypeErr
 _field_ids = itertools.count()
 _with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created with needs_grad=True
 _with_duals: weakref.WeakSet = weakref.WeakSet()       # fields created with needs_dual=True
+# write generations: every change of a field's/ndarray's data (a kernel launch that writes it,
+# from_numpy, fill, __setitem__) gives it a new number, unique across all of them, so a cache
+# keyed on generations (adstack sizes) sees any change. Writes through to_torch/to_cupy views or
+# numpy views of the buffer are not seen.
+next_generation = itertools.count(1).__next__
+_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(buffer) -> its field/ndarray
+# checks run before a host read that synchronises with the device anyway (to_numpy, element reads,
+# qd.sync): adstack.py reports overflow flags read asynchronously after gradient launches
+host_sync_checks: list = []
+
+
+def buffer_owner(buffer):
+    """The field/ndarray whose host buffer ``buffer`` is (the CPU launcher passes buffers), or None."""
+    owner = _owners.get(id(buffer))
+    return owner if owner is not None and owner._arr is buffer else None
+
+
+def bump_buffers(positions, buffers) -> None:
+    """A kernel launch writes the host buffers at ``positions`` of ``buffers``: new generations
+    for the ndarrays that own them (the CPU launcher passes buffers, not objects)."""
+    for k in positions:
+        owner = buffer_owner(buffers[k])
+        if owner is not None:
+            owner._gen = next_generation()
+
+
+def written_by(tasks, runtime_count: int, fields, gradient: bool = False) -> tuple[tuple, tuple]:
+    """(the fields, the runtime-parameter positions) a kernel instance's tasks may write: their
+    launches give those new generations. Resources are kernel argument indices (runtime
+    parameters, then the hidden ``fields``). A ``gradient`` kernel (``kernel.grad``) writes only
+    gradients (its recomputed forward body stores nothing; its ndarrays are read-only)."""
+    resources = {a.resource for t in tasks for a in t.accesses if a.kind == "write" and isinstance(a.resource, int)}
+    written = tuple(fields[r - runtime_count] for r in sorted(resources) if 0 <= r - runtime_count < len(fields))
+    if gradient:
+        grads = {id(f.grad) for f in fields if getattr(f, "grad", None) is not None}
+        return tuple(f for f in written if id(f) in grads), ()
+    return written, tuple(r for r in sorted(resources) if r < runtime_count)
+
+
+def run_host_sync_checks() -> None:
+    for check in list(host_sync_checks):   # each one removes itself once it has nothing left to check
+        check()
 
 
 def _of_this_runtime(data) -> bool:
@@ -101,6 +143,8 @@ class ArrayData:
         self.element_shape = element_shape(self.elem_type)
         self.name = name
         self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
+        self._gen = next_generation()
+        _owners[id(self._arr)] = self
         # on a GPU arch the device buffer is the data (``_arr`` only gives shape and dtype)
         self._dev = None
         from .targets.base import target_for
@@ -135,6 +179,8 @@ class ArrayData:
         self.claim()
         idx = self._index(key)
         if self._dev is not None:
+            if host_sync_checks:
+                run_host_sync_checks()
             value = self._dev_element(idx).copy_to_host().reshape(self.element_shape)
             return value if self.element_shape else value.item()
         value = self._arr[idx]
@@ -143,6 +189,7 @@ class ArrayData:
     def __setitem__(self, key, value):
         self.claim()
         idx = self._index(key)
+        self._gen = next_generation()
         if self._dev is not None:
             view = self._dev_element(idx)
             view.copy_to_device(np.broadcast_to(np.asarray(value, dtype=self._arr.dtype), view.shape).copy())
@@ -151,6 +198,8 @@ class ArrayData:
 
     def to_numpy(self, dtype=None) -> np.ndarray:
         self.claim()
+        if host_sync_checks and self._dev is not None:
+            run_host_sync_checks()
         # numba-cuda stores 0-d arrays with shape (1,): give the field's own shape back
         out = self._dev.copy_to_host().reshape(self._arr.shape) if self._dev is not None else self._arr.copy()
         return out if dtype is None else out.astype(dtype)
@@ -165,6 +214,7 @@ class ArrayData:
             raise QuadrantsTypeError(
                 f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
             )
+        self._gen = next_generation()
         if self._dev is not None:
             self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype).reshape(self._dev.shape))
             return
@@ -175,6 +225,7 @@ class ArrayData:
 
     def fill(self, value) -> None:
         self.claim()
+        self._gen = next_generation()
         if self._dev is not None:
             self._dev.copy_to_device(np.full(self._dev.shape, value, dtype=self._arr.dtype))
             return

@@ -87,6 +87,7 @@ class Kernel(KernelObject):
         self._forward_mode = None
         self.compile_count = 0
         self.last_instance = None       # the CPU target's last instance (introspection)
+        self.adstacks = []              # a gradient kernel: the adstacks of its last compiled instance (adstack.py)
         # each kernel has its own class, so that its __call__ can be generated for its parameters
         self.__class__ = type(Kernel)(f"Kernel[{self.name}]", (Kernel,), {})
         _KERNELS.add(self)

@@ -142,8 +142,13 @@ def _apply_thread_limit(limit: int) -> None:
 
 
 def sync() -> None:
-    """Wait for every launched kernel (CPU kernels finish before they return)."""
+    """Wait for every launched kernel (CPU kernels finish before they return), then report
+    what gradient launches found asynchronously (adstack overflows on CUDA)."""
     target_for(config.current.arch).synchronize()
+    from .field import host_sync_checks, run_host_sync_checks
+
+    if host_sync_checks:
+        run_host_sync_checks()
 
 
 def reset() -> None:

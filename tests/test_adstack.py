@@ -225,17 +225,18 @@ def test_unbounded_inner_loop_is_a_compile_error_naming_the_line():
     loss = qd.field(qd.f64, shape=(), needs_grad=True)
 
     @qd.kernel
-    def by_index():
+    def by_value():
         for i in x:
             v = x[i]
-            for _ in range(i):              # a bound from the parallel loop's index
+            for _ in range(int(x[i] * 4)):  # a bound from a float (per-thread bounds are integer elements)
                 v = qd.sin(v)
             loss[None] += v
 
-    by_index()
+    x.from_numpy(np.linspace(0.5, 2.0, N))
+    by_value()
     with pytest.raises(qd.QuadrantsCompilationError, match="adstack sizer cannot bound") as info:
-        by_index.grad()
-    assert "for _ in range(i)" in str(info.value)
+        by_value.grad()
+    assert "for _ in range(int(x[i] * 4))" in str(info.value)
 
 
 @pytest.mark.cuda

@@ -216,8 +216,8 @@ def test_errors_name_the_kernel():
     def inner_loop():
         for i in x:
             v = x[i]
-            for _ in range(i):      # loops inside parallel loops are differentiated (test_adstack.py) when
-                v = qd.sin(v)       # the adstack sizer can bound them; this bound is the parallel index
+            for _ in range(int(v * 4)):     # loops inside parallel loops are differentiated (test_adstack.py)
+                v = qd.sin(v)               # when the adstack sizer can bound them; this bound is a float
             loss[None] += v
 
     with pytest.raises(qd.QuadrantsCompilationError, match="inner_loop.grad.*adstack sizer cannot bound"):

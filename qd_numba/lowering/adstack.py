@@ -3,10 +3,13 @@
 passes/autodiff.py emits calls to these intrinsics in a gradient task whose body has loops
 (adstack.py, the runtime side, sizes and owns the memory):
 
-* ``ad_stack_open(desc)``: this thread's stack, ``(base address, depth, flag address)`` as an
-  int64 triple. ``desc`` is the task's descriptor field, int64 ``[heap address, depth in words,
-  rows, overflow flag]``; the row is the thread's slot (CUDA: the global thread index; CPU:
-  Numba's thread id in the parallel region). A thread without a row gets depth 0 (every push
+* ``ad_stack_open(desc)``: this thread's stack, ``(base address, depth, flag address, stride)``
+  as an int64 4-tuple: word k is at ``base + k * stride``. ``desc`` is the task's descriptor
+  field, int64 ``[heap address, depth in words, rows, overflow flag]``; the row is the thread's
+  slot (CUDA: the global thread index; CPU: Numba's thread id in the parallel region). On CUDA
+  the heap is interleaved (word k of thread t at ``k * rows + t``: the threads of a warp push to
+  consecutive addresses, one coalesced access); on the CPU a thread's words are contiguous (no
+  cache line shared between threads). A thread without a row gets depth 0 (every push
   overflows, so the launch reports it);
 * ``ad_push(stack, top, value)``: stores ``value`` (one 8-byte word: floats widened to f64,
   integers and booleans to i64) at ``top`` and returns ``top + 1``; past the depth it stores
@@ -33,7 +36,7 @@ from ..typing.matrix import MatrixType
 from .device import _sreg, is_cuda_context
 
 _I64 = llir.IntType(64)
-STACK = types.UniTuple(types.int64, 3)
+STACK = types.UniTuple(types.int64, 4)
 
 
 def _storable(ty) -> bool:
@@ -71,10 +74,14 @@ def ad_stack_open(typingctx, desc):
         heap, depth, rows = words
         slot = _thread_slot(context, builder)
         has_row = builder.icmp_unsigned("<", slot, rows)
+        row = builder.select(has_row, slot, _I64(0))
+        if is_cuda_context(context):    # interleaved: word k of thread t at k * rows + t
+            base, stride = builder.add(heap, builder.mul(row, _I64(8))), builder.mul(rows, _I64(8))
+        else:                           # a row per thread
+            base, stride = builder.add(heap, builder.mul(row, builder.mul(depth, _I64(8)))), _I64(8)
         depth = builder.select(has_row, depth, _I64(0))
-        base = builder.add(heap, builder.mul(builder.select(has_row, slot, _I64(0)), builder.mul(depth, _I64(8))))
         flag = builder.ptrtoint(builder.gep(data, [_I64(3)]), _I64)
-        return context.make_tuple(builder, STACK, [base, depth, flag])
+        return context.make_tuple(builder, STACK, [base, depth, flag, stride])
 
     return STACK(desc), codegen
 
@@ -96,9 +103,9 @@ def _from_word(context, builder, ty, word):
 
 
 def _slot_ptr(builder, stack, top):
-    base, depth, flag = (builder.extract_value(stack, k) for k in range(3))
+    base, depth, flag, stride = (builder.extract_value(stack, k) for k in range(4))
     inside = builder.and_(builder.icmp_signed("<", top, depth), builder.icmp_signed(">=", top, _I64(0)))
-    ptr = builder.inttoptr(builder.add(base, builder.mul(top, _I64(8))), _I64.as_pointer())
+    ptr = builder.inttoptr(builder.add(base, builder.mul(top, stride)), _I64.as_pointer())
     return inside, ptr, builder.inttoptr(flag, _I64.as_pointer())
 
 

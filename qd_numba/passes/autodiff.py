@@ -47,9 +47,10 @@ from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
 from .base import MISSING, hidden_argument, is_global_data, try_static
-from .bounds import _arg_name, size_expr
+from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes
 from .ir_builder import successors
 from .plan_tasks import PlanTasks
+from .reductions import ReduceAtomics
 
 # callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
 _MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS}
@@ -96,6 +97,8 @@ class ReverseMode:
         _reverse_task_order(state)
         state.refresh_definitions()
         PlanTasks().run(state)
+        if ReduceAtomics().run(state, adjoints=True):   # adjoints accumulated at one address: per warp/chunk
+            PlanTasks().run(state)
         uids = {t.header: t.uid for t in state.tasks}
         for stack in state.adstacks:
             stack.task_uid = uids[stack.header]
@@ -258,7 +261,7 @@ class _Transform:
                 if not (isinstance(rng, ir.Expr) and rng.op == "call" and try_static(state, rng.func) is range) \
                         or rng.kws or not 1 <= len(rng.args) <= 3:
                     return None
-                parts = [size_expr(state, a) for a in rng.args]
+                parts = [size_expr(state, a, space=self.lp.space_var) for a in rng.args]
                 if any(p is None for p in parts):
                     return None
                 start, stop, step = ([("const", 0)] + parts if len(parts) == 1 else parts) + [("const", 1)] * (
@@ -293,10 +296,20 @@ class _Transform:
                 self.blocks[max(self.tails[head])].body[-1].loc
             raise state.error(QuadrantsCompilationError,
                               "kernel.grad: the adstack sizer cannot bound this loop inside a parallel loop (it "
-                              "sizes for loops over range() of constants, scalar arguments, ndarray shapes and "
-                              "field/ndarray elements at constant indices, with + - * // max min); "
+                              "sizes for loops over range() of constants, scalar arguments, ndarray shapes, the "
+                              "parallel loop's index and field/ndarray elements at constant indices or at the "
+                              "parallel loop's index, with + - * // max min); "
                               "set qd.init(ad_stack_size=N) to give the depth", loc)
-        size = None if unbounded else self._stack_size(info)
+        size = None if unbounded else simplify_size(self._stack_size(info))
+        if size is not None and has_index(size):    # a per-thread bound: the max over the loop's space
+            dims = space_sizes(state, self.lp.space_var)
+            if dims is None and not state.config.ad_stack_size:
+                raise state.error(QuadrantsCompilationError,
+                                  "kernel.grad: a loop bound inside this parallel loop reads its index, and the "
+                                  "sizer cannot express the parallel loop's iteration space to take the maximum "
+                                  "over; set qd.init(ad_stack_size=N) to give the depth",
+                                  self.blocks[self.lp.header].loc)
+            size = None if dims is None else ("maxover", dims, size)
         task = next(t for t in state.tasks if t.header == self.lp.header)
         text = render(size, lambda k: _arg_name(state, k)) if size is not None else "qd.init(ad_stack_size)"
         stack = AdStack(state.kernel_name, task.loc, size, text)

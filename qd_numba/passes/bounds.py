@@ -20,7 +20,11 @@ from __future__ import annotations
 import numbers
 import operator
 
-from ..lowering import spaces
+import numpy as np
+from numba.core import types
+
+from .. import dtypes
+from ..lowering import array_access, spaces
 from ..task import Bounds
 from .base import resolve_copies, try_static
 
@@ -186,10 +190,13 @@ def _constant_index(value) -> bool:
         (isinstance(value, tuple) and all(isinstance(v, numbers.Integral) for v in value))
 
 
-def size_expr(state, var, depth=0):
+def size_expr(state, var, depth=0, space=None):
     """``var`` as an adstack size expression (adstack.py says their form), or None when it is
     not one: constants, scalar arguments, ndarray shapes, field or ndarray elements at a
-    constant index, ``+ - * //``, ``max``/``min`` and integer casts of those."""
+    constant index, ``+ - * //``, ``max``/``min`` and integer casts of those. With ``space``
+    (the parallel loop's iteration-space variable), also the loop's index components
+    (``("index", k)``) and elements read at indices computed from them (``("load", e, idx)``):
+    a per-thread bound, sized by a max-reduction over the space (adstack.py)."""
     ir = state.ir
     if depth > 20:
         return None
@@ -201,23 +208,25 @@ def size_expr(state, var, depth=0):
         return ("arg", d.index)
     if not isinstance(d, ir.Expr):
         return None
+    if d.op == "static_getitem" and space is not None and isinstance(d.index, int) \
+            and _is_space_index(state, d.value, space):
+        return ("index", d.index)
     if d.op in ("static_getitem", "getitem"):
         index = d.index if d.op == "static_getitem" else try_static(state, d.index)
         base_def = resolve_copies(state, d.value)[1]
         if isinstance(base_def, ir.Expr) and base_def.op == "getattr" and base_def.attr == "shape" \
                 and isinstance(index, numbers.Integral):
-            base = size_expr(state, base_def.value, depth + 1)
+            base = size_expr(state, base_def.value, depth + 1, space)
             return None if base is None else ("shape", base, int(index))
-        base = size_expr(state, d.value, depth + 1)
-        if base is None or base[0] != "arg" or not _constant_index(index):
-            return None
-        return ("item", base, index)
+        return _element(state, d.value, index, d.index if d.op == "getitem" else None, depth, space)
     if d.op == "binop" and d.fn in _SIZE_OPS:
-        lhs, rhs = size_expr(state, d.lhs, depth + 1), size_expr(state, d.rhs, depth + 1)
+        lhs, rhs = size_expr(state, d.lhs, depth + 1, space), size_expr(state, d.rhs, depth + 1, space)
         return None if lhs is None or rhs is None else (_SIZE_OPS[d.fn], lhs, rhs)
     if d.op == "call":
         fn = try_static(state, d.func)
-        parts = [size_expr(state, a, depth + 1) for a in d.args]
+        if fn in (array_access.array_load, array_access.checked_array_load) and len(d.args) == 2 and not d.kws:
+            return _element(state, d.args[0], try_static(state, d.args[1]), d.args[1], depth, space)
+        parts = [size_expr(state, a, depth + 1, space) for a in d.args]
         if d.kws or any(p is None for p in parts):
             return None
         if fn in (max, min) and len(parts) >= 2:
@@ -227,4 +236,126 @@ def size_expr(state, var, depth=0):
             return out
         if fn is int and len(parts) == 1:
             return parts[0]
+    return None
+
+
+def _element(state, base_var, index, index_var, depth, space):
+    """``base[index]`` as a size expression: an element at a constant index (``index``) or at
+    per-thread indices (``index_var``, with ``space``) of an integer field or ndarray."""
+    base = size_expr(state, base_var, depth + 1, space)
+    if base is None or base[0] != "arg" or not _integer_data(state, base[1]):
+        return None
+    if _constant_index(index):
+        return ("item", base, index)
+    parts = _index_parts(state, index_var, depth, space) if index_var is not None else None
+    return None if parts is None else ("load", base, parts)
+
+
+def _integer_data(state, index: int) -> bool:
+    """Whether kernel argument ``index`` is a field or ndarray of integers (a float element would
+    be truncated before the arithmetic of the bound)."""
+    field = state.hidden_by_arg_index(index)
+    if field is not None:
+        return np.dtype(dtypes.to_numpy(field.dtype)).kind in "iu"
+    ty = state.param_types.get(state.runtime_params[index]) if index < len(state.runtime_params) else None
+    return isinstance(getattr(ty, "dtype", None), types.Integer)
+
+
+def _is_space_index(state, var, space) -> bool:
+    """Whether ``var`` is the index tuple of the parallel loop over ``space``."""
+    ir = state.ir
+    d = resolve_copies(state, var)[1]
+    if not (isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is spaces.space_index):
+        return False
+    got, want = resolve_copies(state, d.args[0])[0], resolve_copies(state, space)[0]
+    if got.name == want.name:
+        return True
+    key = space_key(state, want)    # a fused loop's later parts index their own (identical) copy of the space
+    return key is not None and space_key(state, got) == key
+
+
+def _index_parts(state, index, depth, space):
+    """The components of a per-thread index (a tuple of size expressions), or None."""
+    from ..lowering import subscripts
+
+    ir = state.ir
+    d = resolve_copies(state, index)[1]
+    if space is not None and isinstance(d, ir.Expr) and d.op == "call" and d.args \
+            and try_static(state, d.func) is subscripts.index_vector and _is_space_index(state, d.args[0], space):
+        key = space_key(state, space)
+        return None if key is None else tuple(("index", k) for k in range(len(key)))
+    items = d.items if isinstance(d, ir.Expr) and d.op == "build_tuple" else [index]
+    parts = tuple(size_expr(state, v, depth + 1, space) for v in items)
+    return None if any(p is None for p in parts) else parts
+
+
+def simplify_size(expr):
+    """``expr`` with constants folded, ``1 *``, ``+ 0`` and ``- 0`` dropped, and ``a * T + b * T``
+    collected (a stack's size sums the same trip count per block): fewer nodes to evaluate per
+    launch (per index point, for a per-thread bound) and a shorter text in messages."""
+    if not (isinstance(expr, tuple) and expr and expr[0] in _FOLD):
+        return expr
+    a, b = simplify_size(expr[1]), simplify_size(expr[2])
+    tag = expr[0]
+    if a[0] == "const" and b[0] == "const" and (tag != "//" or b[1] != 0):
+        return ("const", _FOLD[tag](a[1], b[1]))
+    if tag == "*":
+        if a == ("const", 1):
+            return b
+        if b == ("const", 1):
+            return a
+    if tag in ("+", "-") and b == ("const", 0):
+        return a
+    if tag == "+":
+        if a == ("const", 0):
+            return b
+        (ca, ta), (cb, tb) = _term(a), _term(b)
+        if ta == tb:
+            return ("*", ("const", ca + cb), ta)
+    return (tag, a, b)
+
+
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "max": max, "min": min}
+
+
+def _term(expr):
+    """``(c, T)`` with ``expr == c * T``."""
+    if expr[0] == "*" and expr[1][0] == "const":
+        return expr[1][1], expr[2]
+    return 1, expr
+
+
+def has_index(expr) -> bool:
+    """Whether a size expression reads the parallel loop's index (a per-thread bound)."""
+    if not isinstance(expr, tuple):
+        return False
+    return bool(expr) and expr[0] == "index" or any(has_index(e) for e in expr)
+
+
+def space_sizes(state, space):
+    """The iteration space ``space`` as ``((start, stop, step) per dimension)`` of adstack size
+    expressions, or None when one is not expressible (the max-reduction's domain)."""
+    key = space_key(state, space)
+    if key is None:
+        return None
+    dims = tuple(tuple(_as_size(k) for k in dim) for dim in key)
+    return None if any(k is None for dim in dims for k in dim) else dims
+
+
+_KEY_OPS = {str(fn): symbol for fn, symbol in _SIZE_OPS.items()}
+
+
+def _as_size(key):
+    """A value key (:func:`_value_key`) as an adstack size expression, or None."""
+    tag = key[0]
+    if tag in ("const", "arg"):
+        return key
+    if tag in ("shape", "item"):
+        base = _as_size(key[1])
+        return None if base is None or (tag == "item" and base[0] != "arg") else (tag, base, key[2])
+    if tag == "binop" and key[1] in _KEY_OPS:
+        lhs, rhs = _as_size(key[2]), _as_size(key[3])
+        return None if lhs is None or rhs is None else (_KEY_OPS[key[1]], lhs, rhs)
+    if tag == "cast":
+        return _as_size(key[2])
     return None

@@ -327,15 +327,17 @@ class _Emitter:
 class ReduceAtomics:
     name = "reduce_atomics"
 
-    def run(self, state) -> bool:
+    def run(self, state, adjoints: bool = False) -> bool:
+        """``adjoints``: ReverseMode calls it on the gradient tasks it made, whose adjoint
+        accumulations ``G.grad[I] += g`` at a uniform address reduce like any other."""
         # the gradient compile differentiates the forward body as written: ReverseMode drops its
         # stores and atomics, and a partial would be a call it cannot differentiate
-        if not state.loops or state.autodiff_mode is not None:
+        if not state.loops or (state.autodiff_mode is not None and not adjoints):
             return False
         state.refresh_definitions()
         assigns, uses = _assignments(state), _uses(state)
         warp = state.config.warp_reduce
-        candidates = {lp.header: self._local_candidates(state, lp) for lp in state.loops}
+        candidates = {lp.header: set() if adjoints else self._local_candidates(state, lp) for lp in state.loops}
         live_map = self._live_map(state) if any(candidates.values()) else {}
         plans = []
         cells = 0

@@ -16,7 +16,7 @@ from numba.core import types
 
 from .. import adstack, config, offline_cache, profiler
 from ..errors import QuadrantsError, QuadrantsTypeError
-from ..field import Field, Ndarray
+from ..field import Field, Ndarray, bump_buffers, next_generation, written_by
 from ..frontend.args import (
     INT_TYPES,
     NUMBER_TYPES,
@@ -43,14 +43,19 @@ from .untyped import gc_paused, untyped_compile
 class Instance:
     """One compiled kernel instance (per argument types and template values)."""
 
-    __slots__ = ("entry", "fields", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key")
+    __slots__ = ("entry", "fields", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key", "written",
+                 "written_args")
 
-    def __init__(self, entry, fields, tasks, cres, task_functions, state, artifact_key):
+    def __init__(self, entry, fields, tasks, cres, task_functions, state, artifact_key, kernel=None):
         for f in fields:
             f.claim()                                  # a field of an earlier qd.init is our error (field.py)
         self.fields = list(fields)                     # in hidden-argument order
         self.hidden = tuple(f._arr for f in fields)    # their buffers, as the entry point takes them
         self.entry, self.tasks = entry, tasks
+        # what a launch writes: fields and runtime ndarray positions get new write generations
+        self.written, self.written_args = written_by(
+            tasks, sum(p.kind != "template" for p in kernel.params) if kernel is not None else 0, self.fields,
+            getattr(kernel, "autodiff_mode", None) == "reverse")
         self.cres, self.task_functions, self.state = cres, task_functions, state
         self.artifact_key = artifact_key    # content key of the compiled code (frontend/keys.py)
 
@@ -79,7 +84,8 @@ class CpuKernel(KernelBackend):
         kernel = self.kernel
         ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
               "matrix_argument": matrix_argument, "instances": self.instances, "backend": self,
-              "ndarray": np.ndarray, "host_array": host_array}
+              "ndarray": np.ndarray, "host_array": host_array,
+              "next_generation": next_generation, "bump_buffers": bump_buffers}
         lines, names = kernel.caller_prologue(ns)
         lines.append("    try:")
         key_items, runtime = [], []
@@ -112,6 +118,11 @@ class CpuKernel(KernelBackend):
         lines += [f"        inst = instances[{key}]",
                   "    except (KeyError, TypeError, ValueError, NotImplementedError):",
                   f"        return backend.slow_call({', '.join(names)})",
+                  # new write generations for what the launch writes (adstack sizes are cached on them)
+                  "    for f in inst.written:",
+                  "        f._gen = next_generation()",
+                  "    if inst.written_args:",
+                  f"        bump_buffers(inst.written_args, ({''.join(f'{r}, ' for r in runtime)}))",
                   "    try:",
                   f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
                   "    except Exception as e:",
@@ -139,6 +150,9 @@ class CpuKernel(KernelBackend):
             e.__context__ = None
             raise
         runtime = [a for p, a in zip(kernel.params, args) if p.kind != "template"]
+        for f in inst.written:
+            f._gen = next_generation()
+        bump_buffers(inst.written_args, runtime)
         try:
             return inst.entry(*runtime, *inst.hidden)
         except Exception as e:
@@ -201,7 +215,8 @@ class CpuKernel(KernelBackend):
                 if loaded is not None:
                     cres, tasks, hidden_paths = loaded
                     fields = [place.arrays[p] for p in hidden_paths]
-                    return Instance(cres.entry_point, fields, list(tasks), cres, [], None, place.key)
+                    return Instance(cres.entry_point, fields, list(tasks), cres, [], None, place.key,
+                                    kernel)
             return self._compile(param_types, templates, place)
 
     def _compile(self, param_types, templates, place=None) -> Instance:
@@ -238,10 +253,11 @@ class CpuKernel(KernelBackend):
                                 (cres, list(state.tasks), hidden_paths))
         entry = cres.entry_point
         if state.adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
-            entry = adstack.wrap_cpu_entry(entry, state.adstacks)
+            entry = adstack.wrap_cpu_entry(entry, state.adstacks, kernel, state.hidden)
         if cfg.kernel_profiler:  # settled per instance: an unprofiled call path is unchanged
             entry = profiler.timed_cpu_entry(kernel.qualname, entry, cpu.task_clocks(cres, task_functions))
-        return Instance(entry, state.hidden, list(state.tasks), cres, task_functions, state, key)
+        return Instance(entry, state.hidden, list(state.tasks), cres, task_functions, state, key,
+                        kernel)
 
     # -- introspection ------------------------------------------------------------------------------------
     def tasks(self, args):

@@ -26,7 +26,7 @@ import numpy as np
 from numba.core import types
 
 from ... import adstack, config, offline_cache, profiler
-from ...field import Ndarray
+from ...field import Ndarray, next_generation, written_by
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
@@ -111,6 +111,7 @@ class LaunchPlan:
         words = {id(launch): address for launch, address in self.error_words}
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
+        self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -279,6 +280,12 @@ def _runner_source(plan):
                  # ndarrays as their views: every array kind (DLPack producers too) has .shape there
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
     ns["timer"] = plan.timer
+    if plan.written:
+        ns["written"], ns["next_generation"] = plan.written, next_generation
+        body += ["for f in written:", "    f._gen = next_generation()"]
+    for i in plan.written_args:
+        ns["next_generation"] = next_generation
+        body.append(f"if type(a{i}) is Ndarray: a{i}._gen = next_generation()")
     if plan.error_words:   # debug: one task at a time, stopping at the first that records an error
         ns["launch_task"], ns["error_word_of"] = launchers().launch_task, plan.error_word_of
         ns["packed"] = plan.packed.ctypes.data   # by address (the array lives as long as the plan)
@@ -581,7 +588,13 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
                       field_table, binary.ret)
     plan.fields = list(fields)   # in context-slot order (qd.ad.Tape validation reads them)
+    runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
+    written, written_args = written_by(plan.tasks, len(runtime_positions), plan.fields,
+                                       kernel.autodiff_mode == "reverse")
+    if written or written_args:     # a launch gives what it writes new write generations (field.py)
+        plan.written, plan.written_args = written, tuple(runtime_positions[r] for r in written_args)
+        plan.run = plan._make_runner()
     if adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
         rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
-        plan.run = adstack.wrap_cuda_run(plan.run, adstacks, params, list(fields), rows.__getitem__, rt.device_words)
+        plan.run = adstack.wrap_cuda_run(plan.run, adstacks, kernel, list(fields), rows.__getitem__, rt)
     return plan

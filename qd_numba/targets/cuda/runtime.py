@@ -317,6 +317,48 @@ class CudaRuntime:
         buf = self.cuda.device_array(count, np.int64)
         return buf, int(buf.device_ctypes_pointer.value)
 
+    def pinned_words(self, count: int):
+        """``count`` int64 words of page-locked host memory (never freed: a few per adstack) and
+        their address, for copies the device makes asynchronously."""
+        address = _check(_driver().cuMemAllocHost(8 * count), "cuMemAllocHost")
+        words = (ctypes.c_int64 * count).from_address(int(address))
+        return words, int(address)
+
+    def event(self):
+        drv = _driver()
+        return _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def read_async(self, host_address: int, device_address: int, nbytes: int, event) -> None:
+        """Copy ``nbytes`` (a multiple of 4) of device memory to pinned host memory and zero them,
+        after the work queued on the legacy default stream (the plans' stream), and record
+        ``event`` after that; no waiting."""
+        drv = _driver()
+        stream = drv.CUstream(0)
+        _check(drv.cuMemcpyDtoHAsync(host_address, device_address, nbytes, stream), "cuMemcpyDtoHAsync")
+        _check(drv.cuMemsetD32Async(device_address, 0, nbytes // 4, stream), "cuMemsetD32Async")
+        _check(drv.cuEventRecord(event, stream), "cuEventRecord")
+
+    def write_async(self, device_address: int, host_address: int, nbytes: int, event) -> None:
+        """Copy pinned host memory to the device, ordered on the legacy default stream before the
+        work queued after it, and record ``event`` after the copy (the host memory may be reused
+        once it has passed); no waiting."""
+        drv = _driver()
+        stream = drv.CUstream(0)
+        _check(drv.cuMemcpyHtoDAsync(device_address, host_address, nbytes, stream), "cuMemcpyHtoDAsync")
+        _check(drv.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_done(self, event) -> bool:
+        """Whether the work before ``event`` has finished (never waits)."""
+        drv = _driver()
+        (err,) = drv.cuEventQuery(event)
+        if err == drv.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        _check((err,), "cuEventQuery")
+        return True
+
+    def wait_event(self, event) -> None:
+        _check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
+
     def global_address(self, module, symbol: str) -> int:
         err, address, _ = _driver().cuModuleGetGlobal(module, symbol.encode())
         _check((err,), f"cuModuleGetGlobal({symbol})")

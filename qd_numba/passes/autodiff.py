@@ -45,7 +45,10 @@ from ..lang import random as qd_random
 from ..lowering import adstack as ad_stack
 from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
+from ..matrix import Matrix, Vector
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
+from ..ops.matrix_methods import MATRIX_METHODS
+from ..typing.matrix import MatrixType
 from .base import MISSING, hidden_argument, is_global_data, try_static
 from .bounds import _arg_name, size_expr
 from .ir_builder import successors
@@ -155,19 +158,30 @@ class _Sym:
     def __ge__(self, o): return self._bin(operator.ge, o)
     def __le__(self, o): return self._bin(operator.le, o)
     def __and__(self, o): return self._bin(operator.and_, o)
+    def __matmul__(self, o): return self._bin(operator.matmul, o)
+    def __rmatmul__(self, o): return self._bin(operator.matmul, o, True)
+
+    def __getattr__(self, name):
+        """A vector/matrix method (``a.transpose()``): emits the getattr and the call."""
+        if name not in MATRIX_METHODS:
+            raise AttributeError(name)
+        e = self.e
+        method = e.assign(e.ir.Expr.getattr(self.var, name, e.loc), "$ad_method")
+        return lambda *args: _Sym(e, e.assign(e.ir.Expr.call(method, [e.value(a) for a in args], (), e.loc)))
 
     def __neg__(self):
         return _Sym(self.e, self.e.assign(self.e.ir.Expr.unary(operator.neg, self.var, self.e.loc)))
 
 
 class _QdCalls:
-    """The ``qd`` a rule calls (``qd.cos(x)``): emits calls of qd_numba.math's functions."""
+    """The ``qd`` a rule calls (``qd.cos(x)``): emits calls of qd_numba.math's functions, and of
+    the adjoint helpers of lowering/autodiff.py for names starting with ``ad_``."""
 
     def __init__(self, e):
         self.e = e
 
     def __getattr__(self, name):
-        fn = getattr(qd_math, name)
+        fn = getattr(ad_helpers, name) if name.startswith("ad_") else getattr(qd_math, name)
         return lambda *args: _Sym(self.e, self.e.call(fn, [self.e.value(a) for a in args]))
 
 
@@ -201,6 +215,7 @@ class _Transform:
                          if isinstance(stmt, self.ir.Assign)}
         self.adjoint = {}           # version name -> adjoint var
         self.constant = set()       # versions assigned a constant or a global
+        self.fwd_value = {}         # version name -> its value in the forward recomputation
         self.canonical = {}         # user variable name -> adjoint var of its value across blocks
 
     # -- loops inside the task: adstacks ----------------------------------------------------------
@@ -430,6 +445,7 @@ class _Transform:
             if name not in current:
                 version = e.var(f"$ad_{_clean(name)}")
                 out.append(ir.Assign(ir.Var(self.scope, name, var.loc), version, var.loc))
+                self.fwd_value[version.name] = ir.Var(self.scope, name, var.loc)
                 b.items.append(("entry", version, name))
                 b.versions.append(version)
                 current[name] = version
@@ -449,6 +465,7 @@ class _Transform:
                 if isinstance(stmt.value, (ir.Const, ir.Global, ir.FreeVar)):
                     self.constant.add(version.name)
                 fwd.target = version
+                self.fwd_value[version.name] = self.fwd_value[stmt.target.name] = fwd.value
                 out.append(self._forward_effect(stmt, fwd))
                 current[stmt.target.name] = version
                 b.versions.append(version)
@@ -633,16 +650,62 @@ class _Transform:
         if callee in _FLOAT_CASTS or isinstance(callee, types.Float):
             self._add(e, args[0], g)
             return
-        if callee is not MISSING and _is_no_gradient(callee):
+        method = self._method(fwd.value.func)
+        if method is not None:
+            base, name = method
+            self._apply(e, MATRIX_METHODS[name].adjoint, [base, *args], fwd.target, g)
+            return
+        if callee is not MISSING and _is_constructor(callee):
+            items = self._flat_items(args)
+            tup = e.assign(self.ir.Expr.build_tuple(items, self.loc))
+            for k, item in enumerate(items):
+                self._add(e, item, e.call(ad_helpers.ad_ctor_part, [g, e.const(k), tup]))
+            return
+        if callee is not MISSING and (_is_no_gradient(callee) or _is_constant_matrix(callee)):
             return
         what = getattr(callee, "__name__", None) or "this function"
         raise state.error(QuadrantsSyntaxError,
                           f"kernel.grad: a call to {what} cannot be differentiated (use a qd.func, a "
                           "qd math function, or qd.stop_grad)", stmt.loc)
 
+    def _method(self, func):
+        """``(base, name)`` when ``func`` is a vector/matrix method of a local (``v.dot``)."""
+        value = self._fwd_def(func)
+        if isinstance(value, self.ir.Expr) and value.op == "getattr" and value.attr in MATRIX_METHODS:
+            return value.value, value.attr
+        return None
+
+    def _fwd_def(self, var):
+        """The forward value of ``var`` (a version, or a body variable it copies)."""
+        value = self.fwd_value.get(var.name)
+        if isinstance(value, self.ir.Var):
+            value = self.fwd_value.get(value.name)
+        return value
+
+    def _flat_items(self, args) -> list:
+        """A constructor's arguments with its literal lists flattened, row-major."""
+        out = []
+        for arg in args:
+            value = self._fwd_def(arg)
+            if isinstance(value, self.ir.Expr) and value.op in ("build_list", "build_tuple"):
+                out.extend(self._flat_items(value.items))
+            else:
+                out.append(arg)
+        return out
+
     def _apply(self, e, rule, args, out, g):
         for arg, contribution in zip(args, trace_rule(e, rule, args, out, g)):
             self._add(e, arg, contribution)
+
+
+def _is_constructor(callee) -> bool:
+    """``qd.Vector``/``qd.Matrix`` and vector/matrix types (``qd.math.vec3``)."""
+    return isinstance(callee, MatrixType) or getattr(callee, "_qd_matrix_constructor", False) is True
+
+
+def _is_constant_matrix(callee) -> bool:
+    """Constructors of constant matrices (no gradient flows through their arguments)."""
+    return any(callee is fn for fn in (Matrix.zero, Matrix.identity, Vector.zero, Vector.unit))
 
 
 def _renamed_copy(state, stmt, mapping):

@@ -186,3 +186,54 @@ def test_forward_mode_matmul(rng):
         return sum(((a * t) @ (a * t))[0, 1] + (a @ (a * t).T @ a)[1, 1] for a in mv)
 
     np.testing.assert_allclose(loss.dual[None], (reference(0.7 + 1e-6) - reference(0.7 - 1e-6)) / 2e-6, rtol=1e-7)
+
+
+def test_vectors_and_matrices_inside_inner_loops(rng):
+    x = qd.Vector.field(2, qd.f64, shape=(N,), needs_grad=True)
+    k = qd.field(qd.f64, shape=(), needs_grad=True)
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def forces(n: qd.i32):
+        for i in x:
+            f = qd.Vector([0.0, 0.0], dt=qd.f64)
+            for j in range(n):
+                d = x[j] - x[i]
+                r = d.norm(1e-2)
+                f += d * (k[None] / (r * r * r))
+                m = d.outer_product(d)
+                f = f + m @ f * 0.01
+            loss[None] += f.norm_sqr()
+
+    def reference(xv, kv):
+        total = 0.0
+        for i in range(N):
+            f = np.zeros(2)
+            for j in range(N):
+                d = xv[j] - xv[i]
+                r = np.sqrt(d @ d + 1e-2)
+                f = f + d * (kv / r ** 3)
+                f = f + np.outer(d, d) @ f * 0.01
+            total += f @ f
+        return total
+
+    _check(lambda: forces(N), [x, k], [rng.uniform(-1, 1, (N, 2)), np.array(0.7)], loss, reference, rtol=1e-5)
+    # per inner iteration: the path record, then d (2 words), r, r*r, r*r*r, d * ..., f (2 each), m (4), ...
+    assert "17 * " in forces.grad.last_instance.state.adstacks[0].size_text
+
+
+def test_a_vector_of_unknown_shape_inside_an_inner_loop_is_an_error():
+    x = qd.field(qd.f64, shape=(N,), needs_grad=True)
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def unknown(a: qd.types.ndarray(dtype=qd.math.vec2, ndim=1)):
+        for i in x:
+            v = a[0] * x[i]
+            for j in range(2):
+                v = a[j] * v.sum()
+            loss[None] += v.sum()
+
+    a = qd.Vector.ndarray(2, qd.f32, shape=(2,))
+    with pytest.raises(qd.QuadrantsTypeError, match="unknown.grad.*shape the adstack sizer cannot tell"):
+        unknown.grad(a)

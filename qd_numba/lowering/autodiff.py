@@ -22,10 +22,12 @@ import operator
 
 from llvmlite import ir as llir
 from numba.core import types
+from numba.core.errors import TypingError
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from ..typing.matrix import MatrixType
+from . import adstack as ad_stack
 from .matrix import elements, matrix_with_item, pack
 
 
@@ -291,3 +293,84 @@ def ad_cross_lhs(typingctx, b, g):
         return pack(context, builder, rt, out)
 
     return rt(b, g), codegen
+
+
+# -- adstack words of vector/matrix values (passes/autodiff.py sizes them from inferred shapes) -----
+
+_UNSIZED = ("kernel.grad: a vector or matrix value that changes inside a loop of a parallel loop, whose shape the "
+            "adstack sizer cannot tell from the code (it follows fields, constructors, operators and methods); "
+            "use scalar locals there")
+
+
+def _elementwise_adstack(typingctx, stack, value, words):
+    """The element type of a matrix ``value`` pushed as ``words`` words (checked: enough words)."""
+    if not isinstance(words, types.IntegerLiteral) or value.count > words.literal_value:
+        raise TypingError(_UNSIZED)
+    return value.dtype
+
+
+@intrinsic
+def ad_push_words(typingctx, stack, top, value, words):
+    """``ad_push`` of lowering/adstack.py for any value: a vector/matrix pushes its elements, one
+    word each (``words``: the words the sizer counted for it, at least its element count)."""
+    value = types.unliteral(value)
+    if not isinstance(value, MatrixType):
+        sig, inner = ad_stack.ad_push._defn(typingctx, stack, top, value)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:3])
+
+        return types.int64(stack, top, value, words), scalar_codegen
+    dtype = _elementwise_adstack(typingctx, stack, value, words)
+    esig, inner = ad_stack.ad_push._defn(typingctx, stack, types.int64, dtype)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[1], s.args[1], types.int64)
+        for v in elements(builder, args[2], value):
+            t = inner(context, builder, esig, (args[0], t, v))
+        return t
+
+    return types.int64(stack, top, value, words), codegen
+
+
+@intrinsic
+def ad_pop_top_words(typingctx, top, like, words):
+    """The top after popping ``like`` (its element count for a vector/matrix)."""
+    like = types.unliteral(like)
+    if not isinstance(like, MatrixType):
+        sig, inner = ad_stack.ad_pop_top._defn(typingctx, top, like)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:2])
+
+        return types.int64(top, like, words), scalar_codegen
+    _elementwise_adstack(typingctx, None, like, words)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[0], s.args[0], types.int64)
+        return builder.sub(t, llir.Constant(llir.IntType(64), like.count))
+
+    return types.int64(top, like, words), codegen
+
+
+@intrinsic
+def ad_pop_words(typingctx, stack, top, like, words):
+    """The value of ``like``'s type at ``top`` (its elements at ``top``, ``top + 1``, ...)."""
+    like = types.unliteral(like)
+    if not isinstance(like, MatrixType):
+        sig, inner = ad_stack.ad_pop._defn(typingctx, stack, top, like)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:3])
+
+        return like(stack, top, like, words), scalar_codegen
+    dtype = _elementwise_adstack(typingctx, stack, like, words)
+    esig, inner = ad_stack.ad_pop._defn(typingctx, stack, types.int64, dtype)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[1], s.args[1], types.int64)
+        values = [inner(context, builder, esig, (args[0], builder.add(t, llir.Constant(llir.IntType(64), k)), v))
+                  for k, v in enumerate(elements(builder, args[2], like))]
+        return pack(context, builder, like, values)
+
+    return like(stack, top, like, words), codegen

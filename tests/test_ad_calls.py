@@ -108,3 +108,25 @@ def test_a_call_that_cannot_be_inlined_names_the_call():
 
     with pytest.raises(qd.QuadrantsSyntaxError, match="keywords.grad.*call of '_wave' cannot be differentiated"):
         keywords.grad()
+
+
+def test_forward_mode_inlines_njit_callees(rng):
+    x = qd.field(qd.f64, shape=(N,), needs_dual=True)
+    loss = qd.field(qd.f64, shape=(), needs_dual=True)
+
+    @qd.kernel
+    def total():
+        for i in x:
+            loss[None] += _wave(x[i], 3) * x[i]
+
+    xs = rng.uniform(-1, 1, N)
+    seed = rng.uniform(-1, 1, N)
+    x.from_numpy(xs)
+    with qd.ad.FwdMode(loss=loss, param=x, seed=list(seed)):
+        total()
+
+    def reference(v):
+        return sum(sum(math.sin(a * (j + 1.0)) / (j + 1.0) for j in range(3)) * a for a in v)
+
+    expected = (reference(xs + 1e-6 * seed) - reference(xs - 1e-6 * seed)) / 2e-6
+    np.testing.assert_allclose(loss.dual[None], expected, rtol=1e-7)

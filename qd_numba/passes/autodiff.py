@@ -1032,6 +1032,7 @@ def _one_iteration_task(state, unit, labels) -> list:
     for other in later:
         other.task_index += 1
     state.loops = sorted(state.loops + [lp], key=lambda x: x.task_index)
+    state.refresh_definitions()
     task = Task.make(task_prefix(state), lp.task_index, "range_for", ndim=1, loc=unit.task.loc, serialize=True,
                      header=header, body=frozenset(body), bounds=task_bounds(state, space))
     state.tasks = sorted([t.renumbered(t.index + 1) if t.index >= lp.task_index else t for t in state.tasks

@@ -85,20 +85,24 @@ class Tape:
         self.calls.append((fn, args))
 
     def before_call(self, kernel, args) -> None:
-        """validation: snapshot the fields with gradients this call reads."""
+        """validation: snapshot the fields with gradients this call reads (tasks in order: a field
+        an earlier task of the call wrote, such as ``s[None] = 0`` before a loop reading it, is
+        the call's own value and is not checked)."""
         tasks, fields = kernel.backend().tasks_and_fields(args)
         runtime_params = sum(p.kind != "template" for p in kernel.params)   # hidden fields follow them
-        read = {}
+        read, written = {}, set()
         for task in tasks:
             # ``f[i] += v`` reads the old value of f only to return it: accumulated fields are skipped
             accumulated = {a.resource for a in task.accesses if a.what == "atomic"}
+            stored = {a.resource for a in task.accesses if a.kind == "write" and a.what == "store"}
             for access in task.accesses:
-                if access.kind != "read" or access.resource in accumulated:
+                if access.kind != "read" or access.resource in accumulated or access.resource in written:
                     continue
                 k = access.resource - runtime_params if isinstance(access.resource, int) else -1
                 field = fields[k] if 0 <= k < len(fields) else None
                 if field is not None and getattr(field, "grad", None) is not None:
                     read[id(field)] = field
+            written |= stored
         self.snapshots += [(field, field.to_numpy(), kernel) for field in read.values()]
 
     def after_call(self, kernel) -> None:

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import operator
 
+from llvmlite import ir as llir
 from numba.core import types
+from numba.core.errors import TypingError
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from ..typing.matrix import MatrixType
+from . import adstack as ad_stack
 from .matrix import elements, matrix_with_item, pack
 
 
@@ -143,3 +146,231 @@ def fwd_item(typingctx, dual_base, index, value):
         return context.cast(builder, item, item_sig.return_type, rt)
 
     return rt(dual_base, index, value), codegen
+
+
+# -- adjoints of vector/matrix operations (rules in ops/matrix_methods.py and ops/math_ops.py) ------
+
+def _float_values(context, builder, ty, val, dtype):
+    """The elements of a matrix (or the one scalar) ``val`` of type ``ty``, cast to ``dtype``."""
+    return _scalar_values(context, builder, types.unliteral(ty), val, dtype)
+
+
+def _count(ty) -> int:
+    ty = types.unliteral(ty)
+    return ty.count if isinstance(ty, MatrixType) else 1
+
+
+def _as_result(context, builder, rt, values):
+    return pack(context, builder, rt, values) if isinstance(rt, MatrixType) else values[0]
+
+
+def _mul_add(context, builder, dtype, pairs):
+    total = context.get_constant(dtype, 0)
+    for a, b in pairs:
+        total = builder.fadd(total, builder.fmul(a, b))
+    return total
+
+
+def _matmul_shape(ty, left: bool):
+    """(rows, columns) of a ``@`` operand: a vector is a row on the left, a column on the right."""
+    if ty.ndim == 2:
+        return ty.n, ty.m
+    return (1, ty.n) if left else (ty.n, 1)
+
+
+@intrinsic
+def ad_matmul_adjoint(typingctx, a, b, g, side):
+    """The adjoint of ``a`` (``side`` 0) or ``b`` (``side`` 1) of ``out = a @ b`` from ``out``'s
+    adjoint ``g``: ``g @ b^T`` and ``a^T @ g`` on the 2-d views of the operands."""
+    a, b, g = types.unliteral(a), types.unliteral(b), types.unliteral(g)
+    if not (isinstance(a, MatrixType) and isinstance(b, MatrixType)
+            and isinstance(side, types.IntegerLiteral)):
+        return None
+    which = side.literal_value
+    rt = _adjoint_type(a if which == 0 else b)
+
+    def codegen(context, builder, sig, args):
+        dtype = rt.dtype
+        (ar, ac), (br, bc) = _matmul_shape(a, True), _matmul_shape(b, False)
+        av = _float_values(context, builder, a, args[0], dtype)
+        bv = _float_values(context, builder, b, args[1], dtype)
+        gv = _float_values(context, builder, g, args[2], dtype)
+        if which == 0:      # da[i, p] = sum_j g[i, j] * b[p, j]
+            out = [_mul_add(context, builder, dtype, [(gv[i * bc + j], bv[p * bc + j]) for j in range(bc)])
+                   for i in range(ar) for p in range(ac)]
+        else:               # db[p, j] = sum_i a[i, p] * g[i, j]
+            out = [_mul_add(context, builder, dtype, [(av[i * ac + p], gv[i * bc + j]) for i in range(ar)])
+                   for p in range(br) for j in range(bc)]
+        return pack(context, builder, rt, out)
+
+    return rt(a, b, g, side), codegen
+
+
+@intrinsic
+def ad_ctor_part(typingctx, g, k, items):
+    """The adjoint of item ``k`` of a vector/matrix constructor's flattened items (scalars and
+    vectors, row-major) from the constructed value's adjoint ``g``: its slice of ``g``."""
+    g = types.unliteral(g)
+    if not (isinstance(items, types.BaseTuple) and isinstance(k, types.IntegerLiteral)):
+        return None
+    index = k.literal_value
+    rt = _adjoint_type(items.types[index])
+    offset = sum(_count(t) for t in items.types[:index])
+
+    def codegen(context, builder, sig, args):
+        if rt is types.none:
+            return context.get_dummy_value()
+        dtype = rt.dtype if isinstance(rt, MatrixType) else rt
+        if not isinstance(g, MatrixType):
+            return _zero(context, builder, rt)
+        gv = _float_values(context, builder, g, args[0], dtype)
+        return _as_result(context, builder, rt, gv[offset:offset + _count(rt)])
+
+    return rt(g, k, items), codegen
+
+
+@intrinsic
+def ad_eye_like(typingctx, a, g):
+    """``g`` times the identity of ``a``'s shape: the adjoint of ``a.trace()``."""
+    a = types.unliteral(a)
+    if not isinstance(a, MatrixType):
+        return None
+    rt = _adjoint_type(a)
+
+    def codegen(context, builder, sig, args):
+        scale = _float_values(context, builder, sig.args[1], args[1], rt.dtype)[0]
+        zero = context.get_constant(rt.dtype, 0)
+        return pack(context, builder, rt, [scale if i % (a.m + 1) == 0 else zero for i in range(a.count)])
+
+    return rt(a, g), codegen
+
+
+@intrinsic
+def ad_extreme(typingctx, a, out, g):
+    """``g`` at the first element of ``a`` equal to ``out``, zeros elsewhere: the adjoint of
+    ``a.max()``/``a.min()``."""
+    a = types.unliteral(a)
+    if not isinstance(a, MatrixType):
+        return None
+    rt = _adjoint_type(a)
+
+    def codegen(context, builder, sig, args):
+        dtype = rt.dtype
+        av = _float_values(context, builder, a, args[0], dtype)
+        best = _float_values(context, builder, sig.args[1], args[1], dtype)[0]
+        scale = _float_values(context, builder, sig.args[2], args[2], dtype)[0]
+        zero = context.get_constant(dtype, 0)
+        taken = llir.Constant(llir.IntType(1), 0)
+        values = []
+        for v in av:
+            hit = builder.and_(builder.fcmp_ordered("==", v, best), builder.not_(taken))
+            values.append(builder.select(hit, scale, zero))
+            taken = builder.or_(taken, hit)
+        return pack(context, builder, rt, values)
+
+    return rt(a, out, g), codegen
+
+
+@intrinsic
+def ad_cross_lhs(typingctx, b, g):
+    """The adjoint of ``a`` in ``out = a.cross(b)`` from ``out``'s adjoint ``g``: ``b x g`` for 3-d
+    vectors, ``g * (b[1], -b[0])`` for 2-d ones (their cross product is a scalar)."""
+    b, g = types.unliteral(b), types.unliteral(g)
+    if not (isinstance(b, MatrixType) and b.ndim == 1 and b.n in (2, 3)):
+        return None
+    rt = _adjoint_type(b)
+
+    def codegen(context, builder, sig, args):
+        dtype = rt.dtype
+        bv = _float_values(context, builder, b, args[0], dtype)
+        gv = _float_values(context, builder, g, args[1], dtype)
+        if b.n == 2:
+            minus = context.get_constant(dtype, -1)        # no fneg: NVVM's IR predates it
+            out = [builder.fmul(gv[0], bv[1]), builder.fmul(gv[0], builder.fmul(bv[0], minus))]
+        else:
+            out = [builder.fsub(builder.fmul(bv[(i + 1) % 3], gv[(i + 2) % 3]),
+                                builder.fmul(bv[(i + 2) % 3], gv[(i + 1) % 3])) for i in range(3)]
+        return pack(context, builder, rt, out)
+
+    return rt(b, g), codegen
+
+
+# -- adstack words of vector/matrix values (passes/autodiff.py sizes them from inferred shapes) -----
+
+_UNSIZED = ("kernel.grad: a vector or matrix value that changes inside a loop of a parallel loop, whose shape the "
+            "adstack sizer cannot tell from the code (it follows fields, constructors, operators and methods); "
+            "use scalar locals there")
+
+
+def _elementwise_adstack(typingctx, stack, value, words):
+    """The element type of a matrix ``value`` pushed as ``words`` words (checked: enough words)."""
+    if not isinstance(words, types.IntegerLiteral) or value.count > words.literal_value:
+        raise TypingError(_UNSIZED)
+    return value.dtype
+
+
+@intrinsic
+def ad_push_words(typingctx, stack, top, value, words):
+    """``ad_push`` of lowering/adstack.py for any value: a vector/matrix pushes its elements, one
+    word each (``words``: the words the sizer counted for it, at least its element count)."""
+    value = types.unliteral(value)
+    if not isinstance(value, MatrixType):
+        sig, inner = ad_stack.ad_push._defn(typingctx, stack, top, value)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:3])
+
+        return types.int64(stack, top, value, words), scalar_codegen
+    dtype = _elementwise_adstack(typingctx, stack, value, words)
+    esig, inner = ad_stack.ad_push._defn(typingctx, stack, types.int64, dtype)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[1], s.args[1], types.int64)
+        for v in elements(builder, args[2], value):
+            t = inner(context, builder, esig, (args[0], t, v))
+        return t
+
+    return types.int64(stack, top, value, words), codegen
+
+
+@intrinsic
+def ad_pop_top_words(typingctx, top, like, words):
+    """The top after popping ``like`` (its element count for a vector/matrix)."""
+    like = types.unliteral(like)
+    if not isinstance(like, MatrixType):
+        sig, inner = ad_stack.ad_pop_top._defn(typingctx, top, like)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:2])
+
+        return types.int64(top, like, words), scalar_codegen
+    _elementwise_adstack(typingctx, None, like, words)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[0], s.args[0], types.int64)
+        return builder.sub(t, llir.Constant(llir.IntType(64), like.count))
+
+    return types.int64(top, like, words), codegen
+
+
+@intrinsic
+def ad_pop_words(typingctx, stack, top, like, words):
+    """The value of ``like``'s type at ``top`` (its elements at ``top``, ``top + 1``, ...)."""
+    like = types.unliteral(like)
+    if not isinstance(like, MatrixType):
+        sig, inner = ad_stack.ad_pop._defn(typingctx, stack, top, like)
+
+        def scalar_codegen(context, builder, s, args):
+            return inner(context, builder, sig, args[:3])
+
+        return like(stack, top, like, words), scalar_codegen
+    dtype = _elementwise_adstack(typingctx, stack, like, words)
+    esig, inner = ad_stack.ad_pop._defn(typingctx, stack, types.int64, dtype)
+
+    def codegen(context, builder, s, args):
+        t = context.cast(builder, args[1], s.args[1], types.int64)
+        values = [inner(context, builder, esig, (args[0], builder.add(t, llir.Constant(llir.IntType(64), k)), v))
+                  for k, v in enumerate(elements(builder, args[2], like))]
+        return pack(context, builder, like, values)
+
+    return like(stack, top, like, words), codegen

@@ -232,4 +232,6 @@ OPERATOR_ADJOINTS = {
     operator.pow: lambda a, out, g, qd: (g * a[1] * qd.pow(a[0], a[1] - 1), g * out * qd.log(a[0])),
     operator.neg: lambda a, out, g, qd: (-g,),
     operator.pos: lambda a, out, g, qd: (g,),
+    operator.matmul: lambda a, out, g, qd: (qd.ad_matmul_adjoint(a[0], a[1], g, 0),
+                                            qd.ad_matmul_adjoint(a[0], a[1], g, 1)),
 }

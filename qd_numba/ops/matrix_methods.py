@@ -47,6 +47,7 @@ class MatrixMethod:
     result: Callable            # (mt, arg types) -> result type; TypingError for a bad call
     emit: Callable              # (context, builder, mt, vals, rt, [(type, value)]) -> llvm value
     numpy: Callable             # (entries, *args) -> numpy value
+    adjoint: Callable | None = None     # (args, out, g, qd) -> gradients: see ops/math_ops.py
 
 
 # -- typing rules ---------------------------------------------------------------------------------
@@ -303,19 +304,32 @@ def _arith_result(mt, args):
 
 
 MATRIX_METHODS = {row.name: row for row in (
-    MatrixMethod("dot", (1, 1), _dot_type, _emit_dot, lambda x, y: np.sum(x * y)),
-    MatrixMethod("norm", (0, 1), _norm_type, _emit_norm, _np_norm),
-    MatrixMethod("norm_sqr", (0, 0), _arith_result, _emit_norm_sqr, lambda x: np.sum(x * x)),
-    MatrixMethod("normalized", (0, 1), _normalized_type, _emit_normalized, _np_normalized),
-    MatrixMethod("cross", (1, 1), _cross_type, _emit_cross, _np_cross),
-    MatrixMethod("outer_product", (1, 1), _outer_product_type, _emit_outer_product, np.outer),
-    MatrixMethod("transpose", (0, 0), _transpose_type, _emit_transpose, np.transpose),
-    MatrixMethod("sum", (0, 0), _arith_result, _emit_sum, np.sum),
-    MatrixMethod("max", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.gt), np.max),
-    MatrixMethod("min", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.lt), np.min),
-    MatrixMethod("trace", (0, 0), _trace_type, _emit_trace, np.trace),
-    MatrixMethod("determinant", (0, 0), _determinant_type, _emit_determinant, _np_determinant),
-    MatrixMethod("inverse", (0, 0), _inverse_type, _emit_inverse, lambda x: np.linalg.inv(_float(x))),
+    MatrixMethod("dot", (1, 1), _dot_type, _emit_dot, lambda x, y: np.sum(x * y),
+                 lambda a, out, g, qd: (g * a[1], g * a[0])),
+    MatrixMethod("norm", (0, 1), _norm_type, _emit_norm, _np_norm,
+                 lambda a, out, g, qd: (g * a[0] / out,)),
+    MatrixMethod("norm_sqr", (0, 0), _arith_result, _emit_norm_sqr, lambda x: np.sum(x * x),
+                 lambda a, out, g, qd: (2.0 * g * a[0],)),
+    MatrixMethod("normalized", (0, 1), _normalized_type, _emit_normalized, _np_normalized,
+                 lambda a, out, g, qd: ((g - out * out.dot(g)) / a[0].norm(*a[1:]),)),
+    MatrixMethod("cross", (1, 1), _cross_type, _emit_cross, _np_cross,
+                 lambda a, out, g, qd: (qd.ad_cross_lhs(a[1], g), -qd.ad_cross_lhs(a[0], g))),
+    MatrixMethod("outer_product", (1, 1), _outer_product_type, _emit_outer_product, np.outer,
+                 lambda a, out, g, qd: (g @ a[1], g.transpose() @ a[0])),
+    MatrixMethod("transpose", (0, 0), _transpose_type, _emit_transpose, np.transpose,
+                 lambda a, out, g, qd: (g.transpose(),)),
+    MatrixMethod("sum", (0, 0), _arith_result, _emit_sum, np.sum,
+                 lambda a, out, g, qd: (g,)),
+    MatrixMethod("max", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.gt), np.max,
+                 lambda a, out, g, qd: (qd.ad_extreme(a[0], out, g),)),
+    MatrixMethod("min", (0, 0), lambda mt, args: mt.dtype, _select_all(operator.lt), np.min,
+                 lambda a, out, g, qd: (qd.ad_extreme(a[0], out, g),)),
+    MatrixMethod("trace", (0, 0), _trace_type, _emit_trace, np.trace,
+                 lambda a, out, g, qd: (qd.ad_eye_like(a[0], g),)),
+    MatrixMethod("determinant", (0, 0), _determinant_type, _emit_determinant, _np_determinant,
+                 lambda a, out, g, qd: (g * out * a[0].inverse().transpose(),)),
+    MatrixMethod("inverse", (0, 0), _inverse_type, _emit_inverse, lambda x: np.linalg.inv(_float(x)),
+                 lambda a, out, g, qd: (-(out.transpose() @ g @ out.transpose()),)),
 )}
 
 

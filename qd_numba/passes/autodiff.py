@@ -45,11 +45,16 @@ from ..lang import random as qd_random
 from ..lowering import adstack as ad_stack
 from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
+from ..matrix import Matrix, Vector
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
+from ..ops.matrix_methods import MATRIX_METHODS
+from ..task import Task
+from ..typing.matrix import MatrixType
 from .base import MISSING, hidden_argument, is_global_data, try_static
-from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes
+from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes, task_bounds
 from .ir_builder import successors
-from .plan_tasks import PlanTasks
+from .offload import OffloadedLoop
+from .plan_tasks import PlanTasks, task_prefix
 from .reductions import ReduceAtomics
 
 # callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
@@ -84,11 +89,11 @@ class ReverseMode:
         if state.returns_value:
             raise state.error(QuadrantsCompilationError,
                               "kernel.grad: a kernel that returns a value cannot be differentiated")
-        for unit in state.task_plan.units:
-            if unit.kind == "serial":
-                raise state.error(QuadrantsCompilationError,
-                                  f"kernel.grad: serial code with side effects ({unit.task.loc}) cannot be "
-                                  "differentiated yet; move it into a parallel loop")
+        serial = [u for u in state.task_plan.units if u.kind == "serial"]
+        for unit in reversed(serial):       # last first: a new task shifts the indices after it
+            _serial_as_loop(state, unit)
+        if serial:
+            _renumber_loops(state)
         transforms = [_Transform(state, lp) for lp in state.loops]
         for t in transforms:          # loop analysis reads the definitions before any rewrite
             t.find_inner_loops()
@@ -158,19 +163,30 @@ class _Sym:
     def __ge__(self, o): return self._bin(operator.ge, o)
     def __le__(self, o): return self._bin(operator.le, o)
     def __and__(self, o): return self._bin(operator.and_, o)
+    def __matmul__(self, o): return self._bin(operator.matmul, o)
+    def __rmatmul__(self, o): return self._bin(operator.matmul, o, True)
+
+    def __getattr__(self, name):
+        """A vector/matrix method (``a.transpose()``): emits the getattr and the call."""
+        if name not in MATRIX_METHODS:
+            raise AttributeError(name)
+        e = self.e
+        method = e.assign(e.ir.Expr.getattr(self.var, name, e.loc), "$ad_method")
+        return lambda *args: _Sym(e, e.assign(e.ir.Expr.call(method, [e.value(a) for a in args], (), e.loc)))
 
     def __neg__(self):
         return _Sym(self.e, self.e.assign(self.e.ir.Expr.unary(operator.neg, self.var, self.e.loc)))
 
 
 class _QdCalls:
-    """The ``qd`` a rule calls (``qd.cos(x)``): emits calls of qd_numba.math's functions."""
+    """The ``qd`` a rule calls (``qd.cos(x)``): emits calls of qd_numba.math's functions, and of
+    the adjoint helpers of lowering/autodiff.py for names starting with ``ad_``."""
 
     def __init__(self, e):
         self.e = e
 
     def __getattr__(self, name):
-        fn = getattr(qd_math, name)
+        fn = getattr(ad_helpers, name) if name.startswith("ad_") else getattr(qd_math, name)
         return lambda *args: _Sym(self.e, self.e.call(fn, [self.e.value(a) for a in args]))
 
 
@@ -204,6 +220,8 @@ class _Transform:
                          if isinstance(stmt, self.ir.Assign)}
         self.adjoint = {}           # version name -> adjoint var
         self.constant = set()       # versions assigned a constant or a global
+        self.fwd_value = {}         # version name -> its value in the forward recomputation
+        self.fwd_values = {}        # body variable -> the values of its assignments there
         self.canonical = {}         # user variable name -> adjoint var of its value across blocks
 
     # -- loops inside the task: adstacks ----------------------------------------------------------
@@ -279,7 +297,7 @@ class _Transform:
         total = ("const", 0)
         for lbl in sorted(self.stacked):
             b = info[lbl]
-            term = ("const", len(self._saved(b)))
+            term = ("const", sum(self._words(v) for v in self._saved(b)))
             for head in sorted(h for h, members in self.loops.items() if lbl in members):
                 term = ("*", term, ("+", self.trips[head], ("const", 1)))
             total = term if total == ("const", 0) else ("+", total, term)
@@ -350,6 +368,12 @@ class _Transform:
         return ([b.came_from] if b.came_from is not None else []) + \
             [v for v in b.versions if v.name not in self.constant and v.name in self.needed]
 
+    def _words(self, var) -> int:
+        """Adstack words of a pushed value: its element count where the value is a vector/matrix
+        the shape inference follows, else 1 (the push checks at typing time that it is enough)."""
+        shape = _Shapes(self).of(var)
+        return int(np.prod(shape)) if shape else 1
+
     def _push_all(self, b):
         """At the end of the block's forward execution (before its terminator)."""
         block = self.blocks[b.label]
@@ -357,7 +381,9 @@ class _Transform:
         e = _Emitter(self.state, self.scope, self.loc, out)
         top = self._fixed("$ad_top")
         for var in self._saved(b):
-            out.append(self.ir.Assign(e.call(ad_stack.ad_push, [self._fixed("$ad_stack"), top, var]), top, self.loc))
+            words = e.const(self._words(var))
+            out.append(self.ir.Assign(e.call(ad_helpers.ad_push_words, [self._fixed("$ad_stack"), top, var, words]),
+                                      top, self.loc))
         block.body[-1:-1] = out
 
     def _pop_all(self, b):
@@ -367,8 +393,10 @@ class _Transform:
         e = _Emitter(self.state, self.scope, self.loc, out)
         top = self._fixed("$ad_top")
         for var in reversed(self._saved(b)):
-            out.append(ir.Assign(e.call(ad_stack.ad_pop_top, [top, var]), top, self.loc))
-            out.append(ir.Assign(e.call(ad_stack.ad_pop, [self._fixed("$ad_stack"), top, var]), var, self.loc))
+            words = e.const(self._words(var))
+            out.append(ir.Assign(e.call(ad_helpers.ad_pop_top_words, [top, var, words]), top, self.loc))
+            out.append(ir.Assign(e.call(ad_helpers.ad_pop_words, [self._fixed("$ad_stack"), top, var, words]), var,
+                                 self.loc))
         self.blocks[b.reverse].body[:0] = out
 
     def run(self):
@@ -443,6 +471,7 @@ class _Transform:
             if name not in current:
                 version = e.var(f"$ad_{_clean(name)}")
                 out.append(ir.Assign(ir.Var(self.scope, name, var.loc), version, var.loc))
+                self.fwd_value[version.name] = ir.Var(self.scope, name, var.loc)
                 b.items.append(("entry", version, name))
                 b.versions.append(version)
                 current[name] = version
@@ -462,6 +491,8 @@ class _Transform:
                 if isinstance(stmt.value, (ir.Const, ir.Global, ir.FreeVar)):
                     self.constant.add(version.name)
                 fwd.target = version
+                self.fwd_value[version.name] = self.fwd_value[stmt.target.name] = fwd.value
+                self.fwd_values.setdefault(stmt.target.name, []).append(fwd.value)
                 out.append(self._forward_effect(stmt, fwd))
                 current[stmt.target.name] = version
                 b.versions.append(version)
@@ -646,16 +677,201 @@ class _Transform:
         if callee in _FLOAT_CASTS or isinstance(callee, types.Float):
             self._add(e, args[0], g)
             return
-        if callee is not MISSING and _is_no_gradient(callee):
+        method = self._method(fwd.value.func)
+        if method is not None:
+            base, name = method
+            self._apply(e, MATRIX_METHODS[name].adjoint, [base, *args], fwd.target, g)
+            return
+        if callee is not MISSING and _is_constructor(callee):
+            items = self._flat_items(args)
+            tup = e.assign(self.ir.Expr.build_tuple(items, self.loc))
+            for k, item in enumerate(items):
+                self._add(e, item, e.call(ad_helpers.ad_ctor_part, [g, e.const(k), tup]))
+            return
+        if callee is not MISSING and (_is_no_gradient(callee) or _is_constant_matrix(callee)):
             return
         what = getattr(callee, "__name__", None) or "this function"
         raise state.error(QuadrantsSyntaxError,
                           f"kernel.grad: a call to {what} cannot be differentiated (use a qd.func, a "
                           "qd math function, or qd.stop_grad)", stmt.loc)
 
+    def _method(self, func):
+        """``(base, name)`` when ``func`` is a vector/matrix method of a local (``v.dot``)."""
+        value = self._fwd_def(func)
+        if isinstance(value, self.ir.Expr) and value.op == "getattr" and value.attr in MATRIX_METHODS:
+            return value.value, value.attr
+        return None
+
+    def _fwd_def(self, var):
+        """The forward value of ``var`` (a version, or a body variable it copies)."""
+        value = self.fwd_value.get(var.name)
+        if isinstance(value, self.ir.Var):
+            value = self.fwd_value.get(value.name)
+        return value
+
+    def _flat_items(self, args) -> list:
+        """A constructor's arguments with its literal lists flattened, row-major."""
+        out = []
+        for arg in args:
+            value = self._fwd_def(arg)
+            if isinstance(value, self.ir.Expr) and value.op in ("build_list", "build_tuple"):
+                out.extend(self._flat_items(value.items))
+            else:
+                out.append(arg)
+        return out
+
     def _apply(self, e, rule, args, out, g):
         for arg, contribution in zip(args, trace_rule(e, rule, args, out, g)):
             self._add(e, arg, contribution)
+
+
+class _Shapes:
+    """Shapes of values of a task body, from the untyped IR (``()`` a scalar, ``(n,)`` a vector,
+    ``(n, m)`` a matrix, None unknown): what the adstack sizer needs to count the words of a
+    vector/matrix value (the transform runs before typing)."""
+
+    _SCALAR_METHODS = ("dot", "norm", "norm_sqr", "sum", "max", "min", "trace", "determinant")
+
+    def __init__(self, t):
+        self.t, self.ir, self.state = t, t.ir, t.state
+
+    def of(self, var, seen=frozenset()):
+        if var.name in seen:
+            return None
+        seen = seen | {var.name}
+        ir = self.ir
+        if var.name in self.t.fwd_values:       # a body variable: the shape of one of its values
+            shapes = [self._value(value, seen) for value in self.t.fwd_values[var.name]]
+            return next((sh for sh in shapes if sh is not None), None)
+        value = self.t.fwd_value.get(var.name)
+        if isinstance(value, ir.Var):
+            return self.of(value, seen)
+        return self._value(value, seen)
+
+    def _value(self, value, seen):
+        ir = self.ir
+        if isinstance(value, ir.Var):
+            return self.of(value, seen)
+        if isinstance(value, ir.Const):
+            return () if isinstance(value.value, (int, float, bool, np.number)) else None
+        if not isinstance(value, ir.Expr):
+            return None
+        op = value.op
+        if op in ("binop", "inplace_binop"):
+            fn = value.fn if op == "binop" else value.immutable_fn
+            a, b = self.of(value.lhs, seen), self.of(value.rhs, seen)
+            if fn is operator.matmul:
+                return _matmul_shape(a, b)
+            return a if b == () else b if a == () else a if a == b else None
+        if op == "unary":
+            return self.of(value.value, seen)
+        if op == "getattr":
+            return () if value.attr in _COMPONENTS else None
+        if op in ("getitem", "static_getitem"):
+            return self._item(value, seen)
+        if op == "call":
+            return self._call(value, seen)
+        return None
+
+    def _item(self, value, seen):
+        state = self.state
+        base = value.value
+        while isinstance(self.t.fwd_value.get(base.name), self.ir.Var):     # a version: its original
+            base = self.t.fwd_value[base.name]
+        if base.name not in self.t.fwd_value and is_global_data(state, base):
+            field = try_static(state, base)
+            elem = getattr(field, "elem_type", None)
+            return tuple(elem.shape) if isinstance(elem, MatrixType) else () if isinstance(field, Field) else None
+        base = self.of(value.value, seen)
+        if value.op == "static_getitem":
+            count = len(value.index) if isinstance(value.index, tuple) else 1
+        else:
+            index = self.t._fwd_def(value.index)
+            count = len(index.items) if isinstance(index, self.ir.Expr) and index.op == "build_tuple" else 1
+        return None if base is None or count > len(base) else base[count:]
+
+    def _static(self, var):
+        """The compile-time value of ``var`` (a version: of what it copies), or MISSING."""
+        while True:
+            value = self.t.fwd_value.get(var.name)
+            if isinstance(value, (self.ir.Global, self.ir.FreeVar)):
+                return value.value
+            if not isinstance(value, self.ir.Var):
+                return try_static(self.state, var) if value is None else MISSING
+            var = value
+
+    def _call(self, value, seen):
+        callee = self._static(value.func)
+        args = value.args
+        method = self.t._method(value.func)
+        if method is not None:
+            base, name = method
+            shape = self.of(base, seen)
+            if name in self._SCALAR_METHODS or (name == "cross" and shape == (2,)):
+                return ()
+            if name == "transpose":
+                return None if shape is None else tuple(reversed(shape))
+            if name == "outer_product":
+                other = self.of(args[0], seen) if args else None
+                return None if shape is None or other is None else shape + other
+            return shape            # normalized, inverse, cross of 3-d vectors
+        if isinstance(callee, MatrixType):
+            return tuple(callee.shape)
+        if callee is not MISSING and _is_constructor(callee):
+            if len(args) != 1:
+                return None
+            return self._literal(args[0], seen)
+        math_op = _hashable(callee) and callee in _MATH_CALLEES
+        if callee is subscripts.true_divide:
+            math_op, args = True, args[:2]
+        if math_op or callee is qd_math.cast or _hashable(callee) and callee in _FLOAT_CASTS \
+                or callee is ad_helpers.stop_grad:
+            shapes = [self.of(a, seen) for a in (args if math_op else args[:1])]
+            vectors = [sh for sh in shapes if sh != ()]
+            return () if not vectors else vectors[0] if all(sh == vectors[0] for sh in vectors) else None
+        if callee is subscripts.atomic_update:
+            return self._item(self.ir.Expr.getitem(args[0], args[1], value.loc), seen)
+        if callee is not MISSING and _is_no_gradient(callee):
+            return ()
+        return None
+
+    def _literal(self, var, seen):
+        """The shape a constructor makes of its list argument."""
+        value = self.t._fwd_def(var)
+        if not (isinstance(value, self.ir.Expr) and value.op in ("build_list", "build_tuple")):
+            return None
+        inner = [self._literal(item, seen) or self.of(item, seen) for item in value.items]
+        if not inner or any(sh is None for sh in inner) or any(sh != inner[0] for sh in inner) or len(inner[0]) > 1:
+            return None
+        return (len(inner),) + inner[0]
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _matmul_shape(a, b):
+    if a is None or b is None or not a or not b:
+        return None
+    if len(a) == 1 and len(b) == 1:
+        return ()
+    if len(a) == 1:
+        return (b[1],)
+    return (a[0],) if len(b) == 1 else (a[0], b[1])
+
+
+def _is_constructor(callee) -> bool:
+    """``qd.Vector``/``qd.Matrix`` and vector/matrix types (``qd.math.vec3``)."""
+    return isinstance(callee, MatrixType) or getattr(callee, "_qd_matrix_constructor", False) is True
+
+
+def _is_constant_matrix(callee) -> bool:
+    """Constructors of constant matrices (no gradient flows through their arguments)."""
+    return any(callee is fn for fn in (Matrix.zero, Matrix.identity, Vector.zero, Vector.unit))
 
 
 def _renamed_copy(state, stmt, mapping):
@@ -698,6 +914,144 @@ def _retargeted(ir, term, mapping):
 
 def _clean(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+# -- serial code between the loops ---------------------------------------------------------------------
+
+def _serial_as_loop(state, unit) -> None:
+    """A serial region with side effects, in the gradient kernel.
+
+    The region stays where it is with its global stores and atomics removed (the forward kernel
+    made them): it recomputes the values the later tasks read, and like all serial code it runs
+    before the reversed loops. Where it stores to, or atomically updates, a field with a gradient,
+    a copy of it (its variables renamed) becomes the body of a one-iteration range-for task placed
+    before it, so that the reverse transform gives it adjoints like any task and the task order
+    runs them at its place in reverse (serial tasks between loops reversed too)."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    labels = sorted(unit.labels)
+    effects = []                # (stmt, its replacement or None, the global it updates)
+    for lbl in labels:
+        for stmt in blocks[lbl].body:
+            if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)) and is_global_data(state, stmt.target):
+                effects.append((stmt, None, stmt.target))
+                continue
+            value = getattr(stmt, "value", None)
+            if isinstance(stmt, ir.Assign) and isinstance(value, ir.Expr) and value.op == "call" \
+                    and try_static(state, value.func) is subscripts.atomic_update:
+                load = ir.Assign(ir.Expr.getitem(value.args[0], value.args[1], stmt.loc), stmt.target, stmt.loc)
+                effects.append((stmt, load, value.args[0]))
+    if any(_has_grad(state, target) for _, _, target in effects):
+        labels = _one_iteration_task(state, unit, labels)
+    replaced = {id(stmt): replacement for stmt, replacement, _ in effects}
+    for lbl in labels:
+        block = blocks[lbl]
+        block.body = [replaced.get(id(stmt), stmt) for stmt in block.body if replaced.get(id(stmt), 0) is not None]
+
+
+def _renumber_loops(state) -> None:
+    """Loop tasks numbered 0..n-1 in program order (the serial tasks are planned again later)."""
+    by_header = {t.header: t for t in state.tasks if t.kind == "range_for"}
+    state.loops = sorted(state.loops, key=lambda lp: lp.task_index)
+    for k, lp in enumerate(state.loops):
+        lp.task_index = k
+    state.tasks = [by_header[lp.header].renumbered(lp.task_index) for lp in state.loops]
+
+
+def _has_grad(state, var) -> bool:
+    return getattr(try_static(state, var), "grad", None) is not None
+
+
+def _one_iteration_task(state, unit, labels) -> list:
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    start_label = unit.start
+    if start_label == min(blocks):      # the kernel's entry: its arguments stay there, the rest moves
+        first = blocks[start_label]
+        args = [s for s in first.body if isinstance(s, ir.Assign) and isinstance(s.value, ir.Arg)]
+        moved = state.new_label()
+        blocks[moved] = ir.Block(first.scope, first.loc)
+        blocks[moved].body = [s for s in first.body if not any(s is a for a in args)]
+        first.body = args + [ir.Jump(moved, first.loc)]
+        labels = sorted((set(labels) - {start_label}) | {moved})
+        for lp in state.loops:
+            if lp.preheader == start_label:
+                lp.preheader = moved
+        start_label = moved
+    start = blocks[start_label]
+    scope, loc = start.scope, start.loc
+    inside = set(labels)
+    # the copy: fresh labels, the region's variables renamed, exits looping back to the header
+    def new_block():
+        label = state.new_label()
+        blocks[label] = ir.Block(scope, loc)
+        return label
+
+    header, pre, exit_, entry = (new_block() for _ in range(4))
+    relabel = {lbl: new_block() for lbl in labels}
+    assigned = {stmt.target.name for lbl in labels for stmt in blocks[lbl].body if isinstance(stmt, ir.Assign)}
+    rename = {name: scope.redefine(f"$ad_serial_{_clean(name)}", loc) for name in sorted(assigned)}
+    for lbl in labels:
+        new = ir.Block(scope, blocks[lbl].loc)
+        for stmt in blocks[lbl].body:
+            if isinstance(stmt, ir.Return):     # the kernel's end: the task's iteration ends
+                stmt = ir.Jump(header, stmt.loc)
+            elif isinstance(stmt, (ir.Jump, ir.Branch)):
+                stmt = _retargeted(ir, stmt, {t: relabel.get(t, header) for t in successors(ir, blocks[lbl])})
+                if isinstance(stmt, ir.Branch):
+                    stmt.cond = rename.get(stmt.cond.name, stmt.cond)
+            elif isinstance(stmt, (ir.Assign, ir.SetItem, ir.StaticSetItem)):
+                stmt = _renamed_copy(state, stmt, rename)
+                if isinstance(stmt, ir.Assign):
+                    stmt.target = rename[stmt.target.name]
+            else:
+                continue            # del, print: nothing to differentiate
+            new.body.append(stmt)
+        blocks[relabel[lbl]] = new
+    blocks[entry].body = [ir.Jump(relabel[start_label], loc)]
+    # the loop: ``for _ in range(1)``, entered from the region's predecessors, leaving into the region
+    one = scope.redefine("$ad_serial_one", loc)
+    fn = scope.redefine("$ad_serial_range_dim", loc)
+    space = scope.redefine("$ad_serial_space", loc)
+    total_fn = scope.redefine("$ad_serial_space_total", loc)
+    total = scope.redefine("$ad_serial_total", loc)
+    rng = scope.redefine("$ad_serial_range", loc)
+    rng_call = scope.redefine("$ad_serial_range_call", loc)
+    it = scope.redefine("$ad_serial_iter", loc)
+    setup = [ir.Assign(ir.Const(1, loc), one, loc),
+             ir.Assign(ir.Global("range_dim", spaces.range_dim, loc), fn, loc),
+             ir.Assign(ir.Expr.call(fn, [one], (), loc), space, loc),
+             ir.Assign(ir.Global("space_total", spaces.space_total, loc), total_fn, loc),
+             ir.Assign(ir.Expr.call(total_fn, [space], (), loc), total, loc),
+             ir.Assign(ir.Global("range", range, loc), rng, loc)]
+    plumbing = [ir.Assign(ir.Expr.call(rng, [total], (), loc), rng_call, loc),
+                ir.Assign(ir.Expr.getiter(rng_call, loc), it, loc)]
+    blocks[pre].body = setup + plumbing + [ir.Jump(header, loc)]
+    pair, index, ok = (scope.redefine(f"$ad_serial_{n}", loc) for n in ("pair", "index", "ok"))
+    blocks[header].body = [ir.Assign(ir.Expr.iternext(it, loc), pair, loc),
+                           ir.Assign(ir.Expr.pair_first(pair, loc), index, loc),
+                           ir.Assign(ir.Expr.pair_second(pair, loc), ok, loc),
+                           ir.Branch(ok, entry, exit_, loc)]
+    blocks[exit_].body = [ir.Jump(start_label, loc)]
+    for lbl, block in list(blocks.items()):
+        if lbl not in inside and lbl != exit_ and start_label in successors(ir, block):
+            block.body[-1] = _retargeted(ir, block.body[-1], {start_label: pre})
+    for lp in state.loops:
+        if lp.exit == start_label:
+            lp.exit = pre
+    body = {header, entry} | set(relabel.values())
+    later = [lp for lp in state.loops if lp.task_index >= unit.task.index]
+    lp = OffloadedLoop(unit.task.index, header, body, pre, exit_, it, space, total, plumbing, setup)
+    for other in later:
+        other.task_index += 1
+    state.loops = sorted(state.loops + [lp], key=lambda x: x.task_index)
+    state.refresh_definitions()
+    task = Task.make(task_prefix(state), lp.task_index, "range_for", ndim=1, loc=unit.task.loc, serialize=True,
+                     header=header, body=frozenset(body), bounds=task_bounds(state, space))
+    state.tasks = sorted([t.renumbered(t.index + 1) if t.index >= lp.task_index else t for t in state.tasks
+                          if t.kind == "range_for"] + [task], key=lambda t: t.index)
+    state.refresh_definitions()
+    return labels
 
 
 # -- task order ----------------------------------------------------------------------------------------

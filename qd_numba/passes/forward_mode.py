@@ -36,6 +36,7 @@ from .autodiff import (
 from .base import MISSING, hidden_argument, is_global_data, try_static
 from .plan_tasks import PlanTasks
 
+_LINEAR_METHODS = ("transpose", "sum", "trace", "dot")     # vector/matrix methods with a tangent here
 _PLUMBING = ("getiter", "iternext", "pair_first", "pair_second", "exhaust_iter")
 
 
@@ -130,6 +131,10 @@ class _Tangents:
             rule = OPERATOR_ADJOINTS.get(fn)
             if rule is None:
                 return self._zero(e, stmt.target)   # comparisons, //, %
+            if fn is operator.matmul:       # d(a @ b) = da @ b + a @ db
+                left = e.binop(operator.matmul, self.tangent(value.lhs, e), value.rhs)
+                right = e.binop(operator.matmul, value.lhs, self.tangent(value.rhs, e))
+                return e.ir.Expr.binop(operator.add, left, right, e.loc)
             args = [value.lhs, value.rhs] if op != "unary" else [value.value]
             return self._jvp(e, rule, args, stmt.target)
         if op in ("getitem", "static_getitem"):
@@ -171,6 +176,9 @@ class _Tangents:
                                       "cannot be differentiated", stmt.loc)
                 e.call(subscripts.atomic_update, [dual, index, self.tangent(operand, e), args[3]])
             return self._zero(e, stmt.target)
+        method = state.definition(stmt.value.func)
+        if isinstance(method, self.ir.Expr) and method.op == "getattr" and method.attr in _LINEAR_METHODS:
+            return self._method_tangent(e, method.value, method.attr, args)
         if callee in _MATH_CALLEES:
             name = _MATH_CALLEES[callee]
             if len(args) != MATH_OPS[name].arity:
@@ -193,6 +201,19 @@ class _Tangents:
         raise state.error(QuadrantsSyntaxError,
                           f"qd.ad.FwdMode: a call to {what} cannot be differentiated (use a qd.func, a qd math "
                           "function, or qd.stop_grad)", stmt.loc)
+
+    def _method_tangent(self, e, base, name, args):
+        """The tangent of a linear method (``transpose``, ``sum``, ``trace``: the method of the
+        tangent) or of ``a.dot(b)`` (``ta.dot(b) + a.dot(tb)``)."""
+        def call(obj, *call_args):
+            method = e.assign(e.ir.Expr.getattr(obj, name, e.loc), "$fd_method")
+            return e.ir.Expr.call(method, list(call_args), (), e.loc)
+
+        if name != "dot":
+            return call(self.tangent(base, e))
+        left = e.assign(call(self.tangent(base, e), args[0]), "$fd")
+        right = e.assign(call(base, self.tangent(args[0], e)), "$fd")
+        return e.ir.Expr.binop(operator.add, left, right, e.loc)
 
     def _cast(self, e, arg, target):
         """A float cast: the tangent, in the target's float type."""

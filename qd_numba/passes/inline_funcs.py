@@ -4,19 +4,27 @@ Funcs are inlined at the IR level, before offloading, so that a top-level loop i
 func called at the top level of a kernel still becomes a task, and fields/static values
 inside funcs resolve like the kernel's own. Calls to ``@numba.njit`` functions and
 ``@qd.real_func`` functions are left as calls (frontend/real_func.py); a real function in a
-differentiated kernel is an error. Recursion of qd.funcs is a QuadrantsSyntaxError, and so is a
-``return`` inside non-static control flow of any func (passes/return_rules.py, Quadrants' rule).
+differentiated kernel is an error. In a differentiated kernel (``kernel.grad``, forward mode),
+``@numba.njit`` functions and qd.math's compositions (``qd.math.normalize``) are inlined too, so
+the adjoint rules see what they compute; one whose body cannot be inlined is an error naming
+the call. Recursion of qd.funcs is a QuadrantsSyntaxError, and so is a ``return`` inside
+non-static control flow of any func (passes/return_rules.py, Quadrants' rule).
 """
 
 from __future__ import annotations
 
 import inspect
 
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+
 from .. import math as qd_math
 from ..errors import QuadrantsSyntaxError
+from ..frontend.diagnostics import run_frontend
 from ..frontend.objects import QdFunc
 from ..frontend.real_func import QdRealFunc
 from ..lowering.subscripts import spread_item
+from ..ops.math_funcs import FUNCS as _COMPOSITIONS
 from ..typing.matrix import MatrixType
 from .base import MISSING, try_static
 from .ir_builder import emit_call
@@ -45,6 +53,11 @@ class InlineFuncs:
                                           "called in a differentiated kernel (Quadrants' rule too)", stmt.loc)
                     if isinstance(callee, QdRealFunc) and callee.takes_data \
                             and _check_data_arguments(state, block, stmt, callee):
+                        changed = progress = True
+                        break
+                    if state.autodiff_mode is not None and _inlined_for_autodiff(callee):
+                        stack = state.block_stacks.get(label, ())
+                        self._inline_python(state, label, block, i, stmt, callee, stack)
                         changed = progress = True
                         break
                     if callee is MISSING or not isinstance(callee, QdFunc):
@@ -88,6 +101,73 @@ class InlineFuncs:
             state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack
             if converted_to is not None and new_label in callee_blocks:
                 _convert_returned(state, new_block, result, converted_to)
+
+
+    @staticmethod
+    def _inline_python(state, label, block, i, stmt, callee, stack):
+        """A differentiated kernel's call of a ``@numba.njit`` function or a qd.math composition:
+        its body inlined like a qd.func's, so the adjoint rules apply to what it computes."""
+        fn = getattr(callee, "py_func", callee)
+        name = getattr(fn, "__qualname__", repr(fn))
+        if callee in stack:
+            chain = " -> ".join(getattr(f, "name", None) or f.__qualname__ for f in (*stack, callee))
+            raise state.error(QuadrantsSyntaxError, f"autodiff: recursive calls cannot be differentiated ({chain})",
+                              stmt.loc)
+        call = stmt.value
+        if call.vararg is not None or call.kws or not inspect.isfunction(fn) or inspect.isgeneratorfunction(fn):
+            raise state.error(QuadrantsSyntaxError, f"autodiff: the call of '{name}' cannot be differentiated: "
+                              "its body cannot be inlined (call it with positional arguments; it must be a plain "
+                              "@numba.njit function)", stmt.loc)
+        try:
+            callee_ir = run_frontend(state.tools, fn, name)
+        except QuadrantsSyntaxError as e:
+            raise state.error(QuadrantsSyntaxError, f"autodiff: the call of '{name}' cannot be differentiated: "
+                              f"its body cannot be read ({e})", stmt.loc) from None
+        worker = state.tools.inline.InlineWorker(validator=None)
+        _, callee_blocks, var_dict, new_blocks = worker.inline_ir(state.func_ir, block, i, callee_ir,
+                                                                 fn.__code__.co_freevars)
+        state.inlined_temps.update(new.name for old, new in var_dict.items() if state.is_temp(old))
+        for new_label, new_block in new_blocks:
+            state.block_stacks[new_label] = (*stack, callee) if new_label in callee_blocks else stack
+            if new_label in callee_blocks:
+                _numpy_as_qd(state, new_block)
+
+
+def _numpy_as_qd(state, block) -> None:
+    """numpy's elementwise math functions (``np.sin``) in an inlined body become qd.math's, which
+    have adjoint rules and compile for every target."""
+    ir = state.ir
+    modules = {}
+    for k, stmt in enumerate(block.body):
+        if not isinstance(stmt, ir.Assign):
+            continue
+        value = stmt.value
+        if isinstance(value, (ir.Global, ir.FreeVar)) and value.value is np:
+            modules[stmt.target.name] = True
+            continue
+        fn = value.value if isinstance(value, (ir.Global, ir.FreeVar)) else \
+            getattr(np, value.attr, None) if isinstance(value, ir.Expr) and value.op == "getattr" \
+            and value.value.name in modules else None
+        name = _NUMPY_MATH.get(fn) if isinstance(fn, np.ufunc) else None
+        if name is not None:
+            block.body[k] = ir.Assign(ir.Global(name, getattr(qd_math, name), stmt.loc), stmt.target, stmt.loc)
+
+
+_NUMPY_MATH = {np.sin: "sin", np.cos: "cos", np.tan: "tan", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan",
+               np.arctan2: "atan2", np.exp: "exp", np.log: "log", np.log2: "log2", np.sqrt: "sqrt", np.tanh: "tanh",
+               np.abs: "abs", np.fabs: "abs", np.floor: "floor", np.ceil: "ceil", np.power: "pow", np.sign: "sign",
+               np.maximum: "max", np.minimum: "min"}
+
+
+def _inlined_for_autodiff(callee) -> bool:
+    """``@numba.njit`` functions and qd.math's compositions (``qd.math.normalize``): inlined into
+    differentiated kernels."""
+    if isinstance(callee, Dispatcher):
+        return True
+    try:
+        return callee in _COMPOSITIONS
+    except TypeError:           # unhashable
+        return False
 
 
 def _convert_returned(state, block, result, annotation) -> None:

@@ -27,6 +27,8 @@ for step in "$@"; do
     marked) python3 -m pytest -q -p no:cacheprovider -n 8 -m cuda tests 2>&1 | tail -8 ;;
     stages) bash .devscratch/stages.sh 2>&1 | tail -20 ;;
     probe) bash .devscratch/launch_probe.sh 2>&1 | tail -60 ;;
+    warmcompile) bash .devscratch/warm_compile.sh 2>&1 | tail -20 ;;
+    adbench) timeout 200 python3 bench/ad_bench.py --arch cuda --json "$OUT/ad_bench_cuda.json" 2>&1 | tail -20 ;;
     cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac
 done

@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from . import config, dtypes
+from . import config, dtypes, runtime
 from .errors import QuadrantsRuntimeError
 from .field import ArrayData, Field, buffer_owner, host_sync_checks
 
@@ -420,6 +420,17 @@ def check_pending() -> None:
     finally:
         if not _pending and check_pending in host_sync_checks:
             host_sync_checks.remove(check_pending)
+
+
+def discard_pending() -> None:
+    """``qd.init``: the flag copies in flight belong to the runtime being replaced; they are
+    dropped, not reported against the kernels of the new one."""
+    _pending.clear()
+    if check_pending in host_sync_checks:
+        host_sync_checks.remove(check_pending)
+
+
+runtime.on_init(discard_pending)
 
 
 def _register_sync_check() -> None:

@@ -188,7 +188,7 @@ def test_forward_mode_matmul(rng):
     np.testing.assert_allclose(loss.dual[None], (reference(0.7 + 1e-6) - reference(0.7 - 1e-6)) / 2e-6, rtol=1e-7)
 
 
-def test_vectors_and_matrices_inside_inner_loops(rng):
+def test_vectors_and_matrices_inside_inner_loops(rng, arch):
     x = qd.Vector.field(2, qd.f64, shape=(N,), needs_grad=True)
     k = qd.field(qd.f64, shape=(), needs_grad=True)
     loss = qd.field(qd.f64, shape=(), needs_grad=True)
@@ -220,7 +220,8 @@ def test_vectors_and_matrices_inside_inner_loops(rng):
     _check(lambda: forces(N), [x, k], [rng.uniform(-1, 1, (N, 2)), np.array(0.7)], loss, reference, rtol=1e-5)
     # per inner iteration: the body's 17 words (its path record, then d (2 words), r, r*r, r*r*r,
     # d * ..., f (2 each), m (4), ...) and the loop header's path record, collected by the sizer
-    assert forces.grad.last_instance.state.adstacks[0].size_text == "(18 * (max(0, n) + 1))"
+    if arch == "cpu":   # the CPU instance's compile state (the size is the same on CUDA)
+        assert forces.grad.last_instance.state.adstacks[0].size_text == "(18 * (max(0, n) + 1))"
 
 
 def test_a_vector_of_unknown_shape_inside_an_inner_loop_is_an_error():

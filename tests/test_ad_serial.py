@@ -70,5 +70,5 @@ def test_serial_code_first_and_last(rng):
     _check(around, [x], [rng.uniform(-1, 1, N)], loss, reference)
     # the gradient's tasks: the serial code's recomputation, then last to first the adjoints of
     # the serial code after the loop, of the loop, of the serial code before it
-    lines = [int(t.loc.rsplit(":", 1)[1]) for t in around.grad.last_instance.state.tasks if t.kind == "range_for"]
+    lines = [int(t.loc.rsplit(":", 1)[1]) for t in around.grad.tasks() if t.kind == "range_for"]
     assert len(lines) == 3 and lines == sorted(lines, reverse=True)

@@ -375,7 +375,10 @@ class _HostAsDevice:
         self.array[...] = values
 
 
-def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng, monkeypatch):
+def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng, monkeypatch, arch):
+    if arch != "cpu":
+        pytest.skip("drives the CUDA launch wrapper with the CPU instance and a stand-in runtime "
+                    "(the GPU's own test is test_cuda_device_reduction_and_deferred_overflow)")
     """The CUDA gradient launch path (adstack.wrap_cuda_run) driven on the CPU with a stand-in
     runtime: the launch never waits; the flag is reported at qd.sync or the Tape's exit (device
     reads too, on a GPU), or at a later launch once its copy is done, naming the kernel and the

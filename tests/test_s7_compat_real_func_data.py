@@ -57,7 +57,25 @@ def use_data(a: qd.types.ndarray(dtype=qd.f64, ndim=2), ints: qd.types.ndarray(d
         counts[i] = qd.i32(through(values, i))
 
 
-def test_real_func_reads_and_writes_fields_and_ndarrays(rng):
+@pytest.fixture
+def device_stack(arch):
+    """prefix_sum recurses 24 calls deep with ndarray arguments: more than the driver's default
+    1 KiB of stack per GPU thread (an illegal address on the device). As in Quadrants, the user
+    sets ``cuda_stack_limit``; applied here as ``qd.init`` does, without releasing the fields."""
+    if arch != "cuda":
+        yield
+        return
+    from qd_numba import config
+    from qd_numba.targets.base import target_for
+
+    saved = config.current.cuda_stack_limit
+    config.current.cuda_stack_limit = 16 * 1024
+    target_for(config.current.arch).configure(config.current)
+    yield
+    config.current.cuda_stack_limit = saved
+
+
+def test_real_func_reads_and_writes_fields_and_ndarrays(rng, device_stack):
     v = rng.uniform(-5, 5, N).astype(np.float32)
     p = rng.normal(size=(N, 2))
     ints = rng.integers(-100, 100, N).astype(np.int32)

@@ -604,7 +604,9 @@ def half_and_components(f: qd.types.ndarray(dtype=qd.f32, ndim=1), won: qd.types
     for i in range(f.shape[0]):
         qd.atomic_mul(half[0], f[i])
         qd.atomic_exchange(half[1], 0.5)
-        if qd.atomic_cas(vec_slots[i % 4][2], 7, i) == 7:   # a vector component
+        # a vector component; the desired value is never the expected one (thread 7 writing 7
+        # would let a second thread win)
+        if qd.atomic_cas(vec_slots[i % 4][2], 7, i + 100) == 7:
             won[i] = 1
 
 
@@ -617,8 +619,8 @@ def test_atomics_on_f16_and_vector_components(rng):
     np.testing.assert_array_equal(half.to_numpy(), np.array([np.prod(f), 0.5, 9.0], np.float16))
     slots = vec_slots.to_numpy()
     np.testing.assert_array_equal(slots[:, :2], np.tile([1, 2], (4, 1)))
-    for s in range(4):   # one winner per slot, and the slot holds its index
-        assert won[s::4].sum() == 1 and slots[s, 2] == np.arange(40)[s::4][won[s::4] == 1][0]
+    for s in range(4):   # one winner per slot, and the slot holds its index + 100
+        assert won[s::4].sum() == 1 and slots[s, 2] == np.arange(40)[s::4][won[s::4] == 1][0] + 100
 
 
 lin_a = qd.Matrix.field(3, 3, qd.f64, shape=16)

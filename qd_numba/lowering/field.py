@@ -105,6 +105,9 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
     raw, raw_types = _index_values(builder, idxty, idxval)
     intp = context.get_value_type(types.intp)
     inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
+    if isinstance(ty, FieldType) and ty.offset:    # qd.field(..., offset=...): x[offset] is the first element
+        inds = [builder.sub(v, llir.Constant(intp, o)) if k < len(ty.offset) and ty.offset[k] else v
+                for k, (v, o) in enumerate(zip(inds, ty.offset + (0,) * len(inds)))]
     if checked:
         bounds_check(context, builder, inds, shape, ty)
     if len(inds) == arrty.ndim:  # a single component of a vector/matrix element

@@ -1,7 +1,8 @@
 """Global data: ``qd.field`` and ``qd.ndarray`` objects (python scope).
 
 Both own a C-contiguous numpy buffer of shape ``shape + element_shape`` (element shape is
-``()`` for scalars, ``(n,)`` for vectors, ``(n, m)`` for matrices). Kernels never see these
+``()`` for scalars, ``(n,)`` for vectors, ``(n, m)`` for matrices) — except a field placed in an
+SNode tree, whose buffer is a strided view of its tree's bytes (snode.py). Kernels never see these
 Python objects: the compiler turns a field reference into a hidden kernel argument and the
 launcher passes the buffer itself, so compiled code always reads and writes the live data.
 A field's buffer never moves after creation, which is what lets a compiled kernel keep its

@@ -191,6 +191,25 @@ def test_lazy_grad(rng):
     np.testing.assert_allclose(x.grad.to_numpy(), 2 * X, rtol=1e-6)
 
 
+def test_place_gradients_explicitly(rng):
+    x, y = qd.field(qd.f64, needs_grad=True), qd.field(qd.f64, needs_grad=True)
+    qd.root.dense(qd.i, 8).place(x, y)
+    qd.root.dense(qd.i, 8).place(x.grad, y.grad)     # the gradients in a tree of their own layout
+    X = rng.uniform(-2, 2, 8)
+    x.from_numpy(X)
+
+    @qd.kernel
+    def f():
+        for i in x:
+            y[i] = qd.sin(x[i]) * x[i]
+
+    f()
+    y.grad.fill(1.0)
+    f.grad()
+    np.testing.assert_allclose(y.to_numpy(), np.sin(X) * X, rtol=1e-12)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.cos(X) * X + np.sin(X), rtol=1e-12)
+
+
 def test_new_root_after_materialisation(rng):
     x = qd.field(qd.f32)
     node = qd.root.dense(qd.i, 8)

@@ -120,6 +120,13 @@ class ArrayData:
     def _pull(self) -> None:
         """Before host reads."""
 
+    def _host_view(self) -> np.ndarray:
+        """The host buffer as python scope indexes it (``_host_index``)."""
+        return self._arr
+
+    def _host_index(self, idx: tuple) -> tuple:
+        return idx
+
     def _push(self) -> None:
         """After host writes."""
 
@@ -160,7 +167,7 @@ class ArrayData:
             value = self._dev_element(idx).copy_to_host().reshape(self.element_shape)
             return value if self.element_shape else value.item()
         self._pull()
-        value = self._arr[idx]
+        value = self._host_view()[self._host_index(idx)]
         return value.copy() if self.element_shape else value.item()
 
     def __setitem__(self, key, value):
@@ -171,7 +178,7 @@ class ArrayData:
             view.copy_to_device(np.broadcast_to(np.asarray(value, dtype=self._arr.dtype), view.shape).copy())
             return
         self._pull()
-        self._arr[idx] = value
+        self._host_view()[self._host_index(idx)] = value
         self._push()
 
     def to_numpy(self, dtype=None) -> np.ndarray:
@@ -179,7 +186,9 @@ class ArrayData:
         # numba-cuda stores 0-d arrays with shape (1,): give the field's own shape back
         if self._device() is None:
             self._pull()
-        out = self._dev.copy_to_host().reshape(self._arr.shape) if self._device() is not None else self._arr.copy()
+        full = self.shape + self.element_shape
+        out = self._dev.copy_to_host().reshape(full) if self._device() is not None else \
+            self._host_view().reshape(full).copy()
         return out if dtype is None else out.astype(dtype)
 
     def from_numpy(self, array) -> None:
@@ -188,15 +197,17 @@ class ArrayData:
         if np.iscomplexobj(array) and not np.iscomplexobj(self._arr):
             raise QuadrantsTypeError(f"from_numpy: {self._describe()} holds real numbers, got a complex array "
                                      f"({array.dtype}); pass array.real, array.imag or np.abs(array)")
-        if array.shape != self._arr.shape:
+        full = self.shape + self.element_shape
+        if array.shape != full:
             raise QuadrantsTypeError(
-                f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
+                f"from_numpy: {self._describe()} has shape {full}, got an array of shape {array.shape}"
             )
         if self._device() is not None:
             self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype).reshape(self._dev.shape))
             return
         self._pull()
-        np.copyto(self._arr, array, casting="unsafe")
+        view = self._host_view()
+        np.copyto(view, array.reshape(view.shape), casting="unsafe")
         self._push()
 
     def copy_from(self, other: ArrayData) -> None:
@@ -208,7 +219,7 @@ class ArrayData:
             self._dev.copy_to_device(np.full(self._dev.shape, value, dtype=self._arr.dtype))
             return
         self._pull()
-        self._arr[...] = value
+        self._host_view()[...] = value
         self._push()
 
     def to_torch(self, device=None):
@@ -258,6 +269,7 @@ class Field(ArrayData):
     _snode = None        # the place node (snode.py) once placed in a tree
     _placed_at = None    # ``file:line`` of the place call
     _tree = None         # the SNode tree whose bytes ``_arr`` views (None: a buffer of its own)
+    _levels = None       # a blocked layout's (axis, size) per buffer dimension (typing/field.py)
 
     def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False,
                  offset=None):
@@ -302,6 +314,28 @@ class Field(ArrayData):
 
     def _device(self):
         return None if self._tree is not None else self._dev
+
+    def _host_view(self) -> np.ndarray:
+        """A blocked layout's buffer with each axis's levels side by side (outer first), so that
+        reshaping it to the field's shape gives the elements in index order."""
+        if self._levels is None:
+            return self._arr
+        order = [k for axis in range(len(self.shape)) for k, (a, _) in enumerate(self._levels) if a == axis]
+        return self._arr.transpose(order + list(range(len(self._levels), self._arr.ndim)))
+
+    def _host_index(self, idx: tuple) -> tuple:
+        if self._levels is None:
+            return idx
+        out = []
+        for axis, i in enumerate(idx):
+            i %= self.shape[axis]
+            digits = []
+            for a, size in reversed(self._levels):
+                if a == axis:
+                    i, digit = divmod(i, size)
+                    digits.append(digit)
+            out += reversed(digits)
+        return tuple(out)
 
     def _pull(self) -> None:
         if self._tree is not None:

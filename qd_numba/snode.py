@@ -14,15 +14,17 @@ on its path, in axis order (``qd.j`` alone makes a 1-d field). The view is a num
 (``Field._arr``) — compiled code reads its shape and strides like any Numba array (CPU), or as
 compile-time constants next to the data pointer in the field table (CUDA, lowering/device.py) —
 so compiled code holds no address, and a field of its own shape (``qd.field(dtype, shape=...)``)
-is just the contiguous case. A field's ``offset=`` shifts its indices (typing/field.py).
+is just the contiguous case. An axis on several nodes of a path (a blocked layout,
+``dense(qd.ij, 4).dense(qd.ij, 8)``: shape 32 x 32) gives the view one dimension per level; the
+field's ``_levels`` tell compiled code (typing/field.py) and python scope how an index splits
+into digits. A field's ``offset=`` shifts its indices.
 
 Materialisation: a tree's layout is fixed, and its buffer allocated, when one of its fields is
 first used — read, written or compiled into a kernel; using any field of the default root
 (``qd.root``) also closes that root: later ``qd.root.dense(...)`` calls start a new tree, as
 Quadrants starts a new ``FieldsBuilder`` at each kernel launch. Placing under a node of a
-materialised tree, placing a field twice, and a node axis used twice on one path (Quadrants'
-blocked layouts, not supported here) are ``QuadrantsRuntimeError``s naming the field and the
-line. Only dense nodes exist (``pointer``/``bitmasked``/``dynamic`` are not supported).
+materialised tree and placing a field twice are ``QuadrantsRuntimeError``s naming the field and
+the line. Only dense nodes exist (``pointer``/``bitmasked``/``dynamic`` are not supported).
 """
 
 from __future__ import annotations
@@ -98,12 +100,8 @@ class SNode:
         if any(d <= 0 for d in dimensions):
             raise QuadrantsTypeError(f"dense: dimensions must be positive, got {dimensions} ({_user_site()})")
         self._check_open("dense")
-        used = {a.index for a in self._path_axes()}
-        repeated = sorted(a.index for a in axes_ if a.index in used)
-        if repeated or len({a.index for a in axes_}) != len(axes_):
-            raise QuadrantsRuntimeError(
-                f"dense at {_user_site()}: axis {'ijkl'[repeated[0]] if repeated else 'used twice'} is split over two "
-                "nodes on one path (a blocked layout); qd_numba does not support that: use one node per axis")
+        if len({a.index for a in axes_}) != len(axes_):
+            raise QuadrantsTypeError(f"dense at {_user_site()}: an axis appears twice in {axes_}")
         node = SNode(self._tree, "dense", self, [a.index for a in axes_], dimensions)
         self._children.append(node)
         return node
@@ -158,21 +156,20 @@ class SNode:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Cells per index axis from the root (axes in axis order; a place node: its field's shape)."""
+        """Cells per index axis from the root (axes in axis order; a place node: its field's shape):
+        the product of the sizes of the nodes on the path along that axis."""
         sizes: dict[int, int] = {}
-        node = self
-        while node is not None:
-            for a, n in zip(node._axes, node._sizes):
-                sizes[a] = n
-            node = node._parent
+        for a, n in self._levels():
+            sizes[a] = sizes.get(a, 1) * n
         return tuple(sizes[a] for a in sorted(sizes))
 
-    def _path_axes(self) -> list[Axis]:
-        out, node = [], self
+    def _levels(self) -> list[tuple[int, int]]:
+        """(axis, size) of every node axis on the path from the root, outermost first."""
+        path, node = [], self
         while node is not None:
-            out += [Axis(a) for a in node._axes]
+            path.append(node)
             node = node._parent
-        return out
+        return [(a, n) for node in reversed(path) for a, n in zip(node._axes, node._sizes)]
 
     def _walk(self):
         yield self
@@ -215,7 +212,13 @@ class Tree:
             itemsize = np.dtype(_numpy_dtype(f)).itemsize
             elem_strides = tuple(int(np.prod(f.element_shape[k + 1:], dtype=np.int64)) * itemsize
                                  for k in range(len(f.element_shape)))
-            f._arr = np.ndarray(f.shape + f.element_shape, _numpy_dtype(f), buffer=self.base, offset=offset,
+            levels = node._levels()
+            shape = f.shape
+            if len(levels) != len(f.shape):    # an axis split over several nodes: one dimension per level
+                axis_rank = {a: k for k, a in enumerate(sorted({a for a, _ in levels}))}
+                levels = tuple((axis_rank[a], n) for a, n in levels)
+                f._levels, shape = levels, tuple(n for _, n in levels)
+            f._arr = np.ndarray(shape + f.element_shape, _numpy_dtype(f), buffer=self.base, offset=offset,
                                 strides=strides + elem_strides)
             f._tree = self
             self._fields.append(f)
@@ -300,16 +303,22 @@ def _placements(node: SNode, base_offset: int, out: dict) -> dict:
 
 
 def _axis_strides(place: SNode) -> tuple[int, ...]:
-    """Byte strides of a place node's index axes (axis order): per node on its path, the node's
-    cell size times the sizes of the node's later axes."""
+    """Byte strides of a place node's index axes: per node on its path, the node's cell size times
+    the sizes of the node's later axes. In axis order; for a blocked layout (an axis on several
+    nodes) one per level instead, outermost first."""
     strides: dict[int, int] = {}
-    node = place._parent
+    levels: list[int] = []
+    path, node = [], place._parent
     while node is not None and node._kind == "dense":
+        path.append(node)
+        node = node._parent
+    for node in reversed(path):
         cell, _ = _cell_size(node)
         for k, a in enumerate(node._axes):
-            strides[a] = cell * int(np.prod(node._sizes[k + 1:], dtype=np.int64))
-        node = node._parent
-    return tuple(strides[a] for a in sorted(strides))
+            stride = cell * int(np.prod(node._sizes[k + 1:], dtype=np.int64))
+            strides[a] = stride
+            levels.append(stride)
+    return tuple(strides[a] for a in sorted(strides)) if len(levels) == len(strides) else tuple(levels)
 
 
 class FieldsBuilder:

@@ -317,7 +317,7 @@ def field_token(field):
     from ...frontend.args import field_type
 
     fty = field_type(field, config.current.debug)
-    return device.TypeToken(fty, tuple(field.shape) + tuple(field.element_shape),
+    return device.TypeToken(fty, field._arr.shape,
                             None if fty.layout == "C" else field._arr.strides)
 
 

@@ -312,3 +312,41 @@ def test_errors():
         use()
     with pytest.raises(qd.QuadrantsRuntimeError, match="field 'nowhere' is not placed"):
         unplaced.to_numpy()
+
+
+@pytest.mark.cuda
+def test_cuda_tree_fields(rng):
+    """The device side: one device buffer per tree, strided device views in the field table,
+    python-scope access copying the tree's bytes between host and device."""
+    qd.init(arch=qd.cuda)
+    try:
+        a, b, v = qd.field(qd.f32), qd.field(qd.i32), qd.Vector.field(3, qd.f64)
+        qd.root.dense(qd.ij, (4, 2)).dense(qd.ij, (16, 8)).place(a, b, v)     # AoS, blocked: 64 x 16
+        c = qd.field(qd.f32, shape=(64, 16), order="ji", offset=(0, 3))
+        A = rng.uniform(-1, 1, (64, 16)).astype(np.float32)
+        V = rng.uniform(-1, 1, (64, 16, 3))
+        a.from_numpy(A)
+        v.from_numpy(V)
+        b[5, 7] = 11
+
+        @qd.kernel
+        def step():
+            for i, j in a:
+                b[i, j] += i - j
+                v[i, j] = v[i, j] * a[i, j]
+                c[i, j + 3] = a[i, j] * 2
+
+        step()
+        ii, jj = np.meshgrid(np.arange(64), np.arange(16), indexing="ij")
+        expect_b = ii - jj
+        expect_b[5, 7] += 11
+        np.testing.assert_array_equal(b.to_numpy(), expect_b)
+        np.testing.assert_allclose(v.to_numpy(), V * A[..., None], rtol=1e-6)
+        np.testing.assert_allclose(c.to_numpy(), 2 * A, rtol=1e-6)
+        np.testing.assert_array_equal(a.to_numpy(), A)
+        assert b[63, 0] == 63 and c[10, 4] == pytest.approx(2 * A[10, 1])
+        a.fill(0.5)
+        step()
+        np.testing.assert_allclose(c.to_numpy(), np.ones((64, 16)), rtol=1e-6)
+    finally:
+        qd.init(arch=qd.cpu)

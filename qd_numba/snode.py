@@ -273,23 +273,27 @@ def _member(child: SNode) -> tuple[int, int]:
     return cell * int(np.prod(child._sizes, dtype=np.int64)), align
 
 
-def _member_offsets(node: SNode) -> list[int]:
-    """Byte offset of each child of ``node`` in its cell (in order, each aligned)."""
-    offsets, offset = [], 0
+def _cell(node: SNode) -> tuple[list[int], int, int]:
+    """(byte offset of each child in a cell of ``node``, cell size, cell alignment): children in
+    order, each aligned to its own alignment, the cell padded to the largest."""
+    offsets, offset, cell_align = [], 0, 1
     for child in node._children:
         size, align = _member(child)
         offset = -(-offset // align) * align
         offsets.append(offset)
         offset += size
-    return offsets
+        cell_align = max(cell_align, align)
+    return offsets, -(-offset // cell_align) * cell_align, cell_align
+
+
+def _member_offsets(node: SNode) -> list[int]:
+    return _cell(node)[0]
 
 
 def _cell_size(node: SNode) -> tuple[int, int]:
-    """(size, alignment) in bytes of one cell of ``node`` (padded to its alignment)."""
-    members = [_member(c) for c in node._children]
-    align = max((a for _, a in members), default=1)
-    end = _member_offsets(node)[-1] + members[-1][0] if members else 0
-    return -(-end // align) * align, align
+    """(size, alignment) in bytes of one cell of ``node``."""
+    _, size, align = _cell(node)
+    return size, align
 
 
 def _placements(node: SNode, base_offset: int, out: dict) -> dict:

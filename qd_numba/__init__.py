@@ -115,6 +115,28 @@ from .ops.decompositions import eig, make_spd, polar_decompose, solve, svd, sym_
 from .ops.math_funcs import one, zero
 from .ops.random_normal import randn
 from .profiler import CRITICAL, DEBUG, ERROR, INFO, TRACE, WARN, is_logging_effective, set_logging_level
+from .snode import (
+    Axis,
+    FieldsBuilder,
+    SNode,
+    axes,
+    i,
+    ij,
+    ijk,
+    ijkl,
+    ijl,
+    ik,
+    ikl,
+    il,
+    j,
+    jk,
+    jkl,
+    jl,
+    k,
+    kl,
+    l,
+    root,
+)
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64
 from .task import Task
 

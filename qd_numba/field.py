@@ -1,7 +1,8 @@
 """Global data: ``qd.field`` and ``qd.ndarray`` objects (python scope).
 
 Both own a C-contiguous numpy buffer of shape ``shape + element_shape`` (element shape is
-``()`` for scalars, ``(n,)`` for vectors, ``(n, m)`` for matrices). Kernels never see these
+``()`` for scalars, ``(n,)`` for vectors, ``(n, m)`` for matrices) — except a field placed in an
+SNode tree, whose buffer is a strided view of its tree's bytes (snode.py). Kernels never see these
 Python objects: the compiler turns a field reference into a hidden kernel argument and the
 launcher passes the buffer itself, so compiled code always reads and writes the live data.
 A field's buffer never moves after creation, which is what lets a compiled kernel keep its
@@ -23,7 +24,7 @@ import weakref
 import numpy as np
 
 from . import config, dtypes
-from .errors import QuadrantsIndexError, QuadrantsRuntimeError, QuadrantsTypeError
+from .errors import QuadrantsIndexError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 
 _field_ids = itertools.count()
 _with_gradients: weakref.WeakSet = weakref.WeakSet()   # fields/ndarrays created with needs_grad=True
@@ -137,19 +138,41 @@ def _split_dtype(dtype, elem_type):
 class ArrayData:
     """What fields and ndarrays share: a typed buffer with python-scope access."""
 
+    offset = None    # a field's index offset (``qd.field(..., offset=...)``), a tuple; None: zeros
+
     def __init__(self, dtype, shape, elem_type=None, name=None):
         self.dtype, self.elem_type = _split_dtype(dtype, elem_type)
-        self.shape = _normalize_shape(shape)
+        self.shape = None if shape is None else _normalize_shape(shape)   # None: a field to be placed
         self.element_shape = element_shape(self.elem_type)
         self.name = name
-        self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
         self._gen = next_generation()
-        _owners[id(self._arr)] = self
         # on a GPU arch the device buffer is the data (``_arr`` only gives shape and dtype)
         self._dev = None
+        if self.shape is None:
+            return
+        self._arr = np.zeros(self.shape + self.element_shape, dtype=dtypes.to_numpy(self.dtype))
+        _owners[id(self._arr)] = self
         from .targets.base import target_for
 
         target_for(config.current.arch).place(self)
+
+    # where python-scope access goes: the device buffer, or (None) the host buffer, which a field
+    # of an SNode tree keeps in step with the tree's device bytes (snode.py) by _pull/_push
+    def _device(self):
+        return self._dev
+
+    def _pull(self) -> None:
+        """Before host reads."""
+
+    def _host_view(self) -> np.ndarray:
+        """The host buffer as python scope indexes it (``_host_index``)."""
+        return self._arr
+
+    def _host_index(self, idx: tuple) -> tuple:
+        return idx
+
+    def _push(self) -> None:
+        """After host writes."""
 
     # -- python-scope access -------------------------------------------------------
     def _index(self, key):
@@ -163,9 +186,15 @@ class ArrayData:
             raise QuadrantsIndexError(
                 f"{self._describe()} has {len(self.shape)} dimension(s) but was indexed with {len(key)} index(es)"
             )
-        for k, (i, n) in enumerate(zip(key, self.shape)):
-            if not -n <= int(i) < n:
-                raise QuadrantsIndexError(f"index {int(i)} out of bounds for dimension {k} of {self._describe()}")
+        if self.offset is not None:
+            key = tuple(int(i) - o for i, o in zip(key, self.offset))
+            low = [0] * len(key)
+        else:
+            low = [-n for n in self.shape]
+        for k, (i, n, lo) in enumerate(zip(key, self.shape, low)):
+            if not lo <= int(i) < n:
+                raise QuadrantsIndexError(f"index {int(i) + (self.offset[k] if self.offset else 0)} out of bounds "
+                                          f"for dimension {k} of {self._describe()}")
         return tuple(int(i) for i in key)
 
     def _dev_element(self, idx):
@@ -178,30 +207,37 @@ class ArrayData:
     def __getitem__(self, key):
         self.claim()
         idx = self._index(key)
-        if self._dev is not None:
+        if self._device() is not None:
             if host_sync_checks:
                 run_host_sync_checks()
             value = self._dev_element(idx).copy_to_host().reshape(self.element_shape)
             return value if self.element_shape else value.item()
-        value = self._arr[idx]
+        self._pull()
+        value = self._host_view()[self._host_index(idx)]
         return value.copy() if self.element_shape else value.item()
 
     def __setitem__(self, key, value):
         self.claim()
         idx = self._index(key)
         self._gen = next_generation()
-        if self._dev is not None:
+        if self._device() is not None:
             view = self._dev_element(idx)
             view.copy_to_device(np.broadcast_to(np.asarray(value, dtype=self._arr.dtype), view.shape).copy())
             return
-        self._arr[idx] = value
+        self._pull()
+        self._host_view()[self._host_index(idx)] = value
+        self._push()
 
     def to_numpy(self, dtype=None) -> np.ndarray:
         self.claim()
         if host_sync_checks and self._dev is not None:
             run_host_sync_checks()
         # numba-cuda stores 0-d arrays with shape (1,): give the field's own shape back
-        out = self._dev.copy_to_host().reshape(self._arr.shape) if self._dev is not None else self._arr.copy()
+        if self._device() is None:
+            self._pull()
+        full = self.shape + self.element_shape
+        out = self._dev.copy_to_host().reshape(full) if self._device() is not None else \
+            self._host_view().reshape(full).copy()
         return out if dtype is None else out.astype(dtype)
 
     def from_numpy(self, array) -> None:
@@ -210,15 +246,19 @@ class ArrayData:
         if np.iscomplexobj(array) and not np.iscomplexobj(self._arr):
             raise QuadrantsTypeError(f"from_numpy: {self._describe()} holds real numbers, got a complex array "
                                      f"({array.dtype}); pass array.real, array.imag or np.abs(array)")
-        if array.shape != self._arr.shape:
+        full = self.shape + self.element_shape
+        if array.shape != full:
             raise QuadrantsTypeError(
-                f"from_numpy: {self._describe()} has shape {self._arr.shape}, got an array of shape {array.shape}"
+                f"from_numpy: {self._describe()} has shape {full}, got an array of shape {array.shape}"
             )
         self._gen = next_generation()
-        if self._dev is not None:
+        if self._device() is not None:
             self._dev.copy_to_device(np.ascontiguousarray(array, dtype=self._arr.dtype).reshape(self._dev.shape))
             return
-        np.copyto(self._arr, array, casting="unsafe")
+        self._pull()
+        view = self._host_view()
+        np.copyto(view, array.reshape(view.shape), casting="unsafe")
+        self._push()
 
     def copy_from(self, other: ArrayData) -> None:
         self.from_numpy(other.to_numpy())
@@ -226,10 +266,12 @@ class ArrayData:
     def fill(self, value) -> None:
         self.claim()
         self._gen = next_generation()
-        if self._dev is not None:
+        if self._device() is not None:
             self._dev.copy_to_device(np.full(self._dev.shape, value, dtype=self._arr.dtype))
             return
-        self._arr[...] = value
+        self._pull()
+        self._host_view()[...] = value
+        self._push()
 
     def to_torch(self, device=None):
         """A torch tensor sharing this field's/ndarray's memory (no copy): a CUDA tensor on the
@@ -268,14 +310,93 @@ class ArrayData:
 
 
 class Field(ArrayData):
-    """A global field; compiled kernels access it as a hidden argument."""
+    """A global field; compiled kernels access it as a hidden argument.
 
-    def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False):
+    ``shape=None`` declares a field to be placed in an SNode tree (snode.py): its shape is set
+    by ``place``, its buffer (``_arr``, a strided view of the tree's bytes) when the tree is
+    materialised, which the first use of ``_arr`` does."""
+
+    _buf = None          # the buffer behind ``_arr``
+    _snode = None        # the place node (snode.py) once placed in a tree
+    _placed_at = None    # ``file:line`` of the place call
+    _tree = None         # the SNode tree whose bytes ``_arr`` views (None: a buffer of its own)
+    _levels = None       # a blocked layout's (axis, size) per buffer dimension (typing/field.py)
+
+    def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False,
+                 offset=None):
         super().__init__(dtype, shape, elem_type, name)
         self.uid = next(_field_ids)
         self._runtime = None    # the config of the qd.init it was first used under (each init makes a new one)
+        if shape is not None:
+            self.offset = _normalize_offset(offset, len(self.shape))
         self.grad = _gradient_of(self, needs_grad, name)
         self.dual = _gradient_of(self, needs_dual, name, "dual")    # forward mode (qd.ad.FwdMode)
+        for partner in (self.grad, self.dual):
+            if partner is not None:
+                partner.offset = self.offset
+
+    @property
+    def _arr(self) -> np.ndarray:
+        if self._buf is None:
+            self._materialize()
+        return self._buf
+
+    @_arr.setter
+    def _arr(self, value) -> None:
+        self._buf = value
+        if value is not None:
+            _owners[id(value)] = self
+
+    def _materialize(self) -> None:
+        if self._snode is None:
+            raise QuadrantsRuntimeError(
+                f"{self._describe()} is not placed: give it a shape (qd.field(dtype, shape=...)) or place it in "
+                "an SNode tree (qd.root.dense(qd.i, n).place(x)) before using it")
+        self._snode._tree.materialize()
+
+    def _place(self, node, shape: tuple, offset, site: str) -> None:
+        """Placed at ``node`` (snode.py), whose cells give it ``shape``."""
+        if self.shape is not None:
+            raise QuadrantsRuntimeError(f"place at {site}: {self._describe()} has a shape of its own "
+                                        f"{self.shape}; only a field declared without a shape can be placed")
+        self.shape, self._snode, self._placed_at = shape, node, site
+        self.offset = _normalize_offset(offset, len(shape))
+        for partner in (self.grad, self.dual):
+            if partner is not None and partner._snode is None:
+                partner.offset = self.offset
+
+    def _device(self):
+        return None if self._tree is not None else self._dev
+
+    def _host_view(self) -> np.ndarray:
+        """A blocked layout's buffer with each axis's levels side by side (outer first), so that
+        reshaping it to the field's shape gives the elements in index order."""
+        if self._levels is None:
+            return self._arr
+        order = [k for axis in range(len(self.shape)) for k, (a, _) in enumerate(self._levels) if a == axis]
+        return self._arr.transpose(order + list(range(len(self._levels), self._arr.ndim)))
+
+    def _host_index(self, idx: tuple) -> tuple:
+        if self._levels is None:
+            return idx
+        out = []
+        for axis, i in enumerate(idx):
+            i %= self.shape[axis]
+            digits = []
+            for a, size in reversed(self._levels):
+                if a == axis:
+                    i, digit = divmod(i, size)
+                    digits.append(digit)
+            out += reversed(digits)
+        return tuple(out)
+
+    def _pull(self) -> None:
+        if self._tree is not None:
+            self._tree.pull()
+
+    def _push(self) -> None:
+        if self._tree is not None:
+            self._tree.push()
 
     def __deepcopy__(self, memo):
         # IR copies hold fields in ir.Global values; the data must never be cloned.
@@ -293,7 +414,11 @@ class Field(ArrayData):
                 f"{f'field {self.name!r}' if self.name else 'a field'} ({self.dtype}, shape {self.shape}) belongs to "
                 "an earlier qd.init(): a later "
                 "qd.init() or qd.reset() released it; create the field again after qd.init()")
+        self._arr  # noqa: B018  (a placed field's tree is materialised by its first use)
         self._runtime = runtime
+        if self._tree is not None:
+            self._tree.place_on(runtime.arch)
+            return
         if self._dev is not None and runtime.arch != "cuda":
             self._dev = None    # declared on the GPU, never used: its (zero) data is the host buffer's
         from .targets.base import target_for
@@ -302,7 +427,19 @@ class Field(ArrayData):
 
     @property
     def snode(self):
-        return self
+        """The place SNode (``x.snode.shape``, ``x.snode.parent()``); a field with a shape of its
+        own sits under one dense node of its own."""
+        if self._snode is None:
+            if self.shape is None:
+                self._materialize()
+            from .snode import standalone_tree
+
+            self._snode = standalone_tree(self)
+        return self._snode
+
+    def parent(self, n: int = 1):
+        """``x.parent()`` is ``x.snode.parent()``."""
+        return self.snode.parent(n)
 
 
 class Ndarray(ArrayData):
@@ -318,11 +455,34 @@ class Ndarray(ArrayData):
         return self
 
 
-def field(dtype, shape=(), needs_grad=False, name=None, offset=None, order=None, needs_dual=False) -> Field:
-    """``qd.field(dtype, shape=...)``: a global field (``shape=()`` is 0-d, accessed as ``x[None]``)."""
-    if offset is not None or order is not None:
-        raise QuadrantsTypeError("qd.field: 'offset' and 'order' are not supported by qd_numba")
-    return Field(dtype, shape, needs_grad=needs_grad, name=name, needs_dual=needs_dual)
+def _normalize_offset(offset, ndim: int):
+    if offset is None:
+        return None
+    offset = (int(offset),) if isinstance(offset, (int, np.integer)) else tuple(int(o) for o in offset)
+    if len(offset) != ndim:
+        raise QuadrantsSyntaxError(f"The dimensionality of shape and offset must be the same ({ndim} != {len(offset)})")
+    return offset if any(offset) else None
+
+
+def field(dtype, shape=None, needs_grad=False, name=None, offset=None, order=None, needs_dual=False,
+          elem_type=None) -> Field:
+    """``qd.field(dtype, shape=...)``: a global field (``shape=()`` is 0-d, accessed as ``x[None]``);
+    without a shape, a field to place in an SNode tree (snode.py). ``order="ji"`` stores axis
+    ``j`` outermost; ``offset`` shifts the indices (``x[offset]`` is the first element)."""
+    if shape is None:
+        if offset is not None:
+            raise QuadrantsSyntaxError("shape cannot be None when offset is set")
+        if order is not None:
+            raise QuadrantsSyntaxError("shape cannot be None when order is set")
+        return Field(dtype, None, elem_type, needs_grad=needs_grad, name=name, needs_dual=needs_dual)
+    if order is None:
+        return Field(dtype, shape, elem_type, needs_grad=needs_grad, name=name, needs_dual=needs_dual, offset=offset)
+    from .snode import place_in_order
+
+    shape = _normalize_shape(shape)
+    x = Field(dtype, None, elem_type, needs_grad=needs_grad, name=name, needs_dual=needs_dual)
+    place_in_order([x, x.grad, x.dual], shape, order, offset)
+    return x
 
 
 def ndarray(dtype, shape, needs_grad=False) -> Ndarray:

@@ -30,7 +30,8 @@ from numba.np.numpy_support import from_dtype
 
 from .dtypes import f32, to_numba, to_numpy
 from .errors import QuadrantsTypeError
-from .field import Field, Ndarray
+from .field import Ndarray
+from .field import field as make_field
 from .ops.matrix_methods import MATRIX_METHODS, method_type
 from .typing.matrix import (
     SWIZZLE,
@@ -266,9 +267,9 @@ class Matrix(metaclass=_MatrixMeta):
 
     # --- fields and ndarrays of matrices (qd_numba/field.py owns these types) ------------------
     @staticmethod
-    def field(n, m, dtype, shape, needs_grad=False, name=None, needs_dual=False):
-        return Field(dtype, shape, elem_type=matrix(n, m, dtype), needs_grad=needs_grad, name=name,
-                     needs_dual=needs_dual)
+    def field(n, m, dtype, shape=None, order=None, name=None, offset=None, needs_grad=False, needs_dual=False):
+        """A field of n x m matrices (Quadrants' signature); without a shape, to be placed."""
+        return make_field(dtype, shape, needs_grad, name, offset, order, needs_dual, elem_type=matrix(n, m, dtype))
 
     @staticmethod
     def ndarray(n, m, dtype, shape, needs_grad=False, *, fill=None):
@@ -325,9 +326,9 @@ class Vector(Matrix):
         return _wrap(out)
 
     @staticmethod
-    def field(n, dtype, shape, needs_grad=False, name=None, needs_dual=False):
-        return Field(dtype, shape, elem_type=vector(n, dtype), needs_grad=needs_grad, name=name,
-                     needs_dual=needs_dual)
+    def field(n, dtype, shape=None, order=None, name=None, offset=None, needs_grad=False, needs_dual=False):
+        """A field of n-vectors (Quadrants' signature); without a shape, to be placed."""
+        return make_field(dtype, shape, needs_grad, name, offset, order, needs_dual, elem_type=vector(n, dtype))
 
     @staticmethod
     def ndarray(n, dtype, shape, needs_grad=False, *, fill=None):

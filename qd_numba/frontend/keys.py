@@ -42,7 +42,8 @@ def value_key(value):
         return None if any(k is None for k in items) else (type(value).__name__, items)
     if isinstance(value, ArrayData):
         return ("ndarray" if isinstance(value, Ndarray) else "field", str(value.dtype), value.shape,
-                value.element_shape, repr(value.elem_type))
+                value.element_shape, repr(value.elem_type), value._arr.strides, value.offset,
+                getattr(value, "_levels", None))
     from numba.core import types as nbtypes
 
     if isinstance(value, nbtypes.Type):

@@ -19,6 +19,7 @@ from ..errors import QuadrantsConfigError
 from ..field import field, ndarray  # noqa: F401  (Quadrants' impl exports them)
 from ..kernel import compiled_count
 from ..lowering.autodiff import stop_grad  # noqa: F401
+from ..snode import axes, root  # noqa: F401  (Quadrants' impl.root, impl.axes)
 from . import grouped, static, static_assert, static_print  # noqa: F401
 
 _RENAMED = {"num_compile_threads": "compile_threads"}   # Quadrants' option name -> qd_numba's

@@ -23,28 +23,30 @@ TEMP_SLOT_BYTES = 64
 
 
 class TypeToken:
-    """A compile-time constant naming a Numba type (and, for fields, the shape)."""
+    """A compile-time constant naming a Numba type (and, for fields, the shape and, for a strided
+    view, its byte strides; None: C-contiguous)."""
 
-    def __init__(self, ty, shape=()):
+    def __init__(self, ty, shape=(), strides=None):
         self.ty, self.shape = ty, tuple(shape)
+        self.strides = None if strides is None else tuple(int(s) for s in strides)
 
     def __deepcopy__(self, memo):
         return self
 
 
 class TypeTokenType(types.Dummy):
-    def __init__(self, ty, shape):
-        self.ty, self.shape = ty, shape
-        super().__init__(name=f"qd.token({ty}, {shape})")
+    def __init__(self, ty, shape, strides=None):
+        self.ty, self.shape, self.strides = ty, shape, strides
+        super().__init__(name=f"qd.token({ty}, {shape}{f', strides={strides}' if strides else ''})")
 
     @property
     def key(self):
-        return self.ty, self.shape
+        return self.ty, self.shape, self.strides
 
 
 @typeof_impl.register(TypeToken)
 def _typeof_token(val, c):
-    return TypeTokenType(val.ty, val.shape)
+    return TypeTokenType(val.ty, val.shape, val.strides)
 
 
 register_model(TypeTokenType)(models.OpaqueModel)
@@ -94,6 +96,7 @@ def field_from_ctx(typingctx, ctx, slot, token):
         return None
     fty = token.ty
     shape = token.shape
+    strides = token.strides
 
     def codegen(context, builder, sig, args):
         arrty = fty.array_type
@@ -111,7 +114,7 @@ def field_from_ctx(typingctx, ctx, slot, token):
         context.populate_array(
             ary, data=data,
             shape=[llir.Constant(intp, int(n)) for n in shape],
-            strides=[llir.Constant(intp, s) for s in c_strides(shape, itemsize)],
+            strides=[llir.Constant(intp, s) for s in (strides or c_strides(shape, itemsize))],
             itemsize=llir.Constant(intp, itemsize), meminfo=None)
         field = cgutils.create_struct_proxy(fty)(context, builder)
         field.arr = ary._getvalue()

@@ -105,8 +105,15 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
     raw, raw_types = _index_values(builder, idxty, idxval)
     intp = context.get_value_type(types.intp)
     inds = [context.cast(builder, v, t, types.intp) for v, t in zip(raw, raw_types)]
+    if isinstance(ty, FieldType) and ty.offset:    # qd.field(..., offset=...): x[offset] is the first element
+        inds = [builder.sub(v, llir.Constant(intp, o)) if k < len(ty.offset) and ty.offset[k] else v
+                for k, (v, o) in enumerate(zip(inds, ty.offset + (0,) * len(inds)))]
+    levels = ty.levels if isinstance(ty, FieldType) else None
     if checked:
-        bounds_check(context, builder, inds, shape, ty)
+        index_shape = [llir.Constant(intp, n) for n in ty.logical_shape] + shape[len(levels):] if levels else shape
+        bounds_check(context, builder, inds, index_shape, ty)
+    if levels:
+        inds = _level_indices(builder, levels, inds[:ndim]) + inds[ndim:]
     if len(inds) == arrty.ndim:  # a single component of a vector/matrix element
         return [cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)]
     pointers = []
@@ -114,6 +121,21 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
         full = inds + [llir.Constant(intp, c) for c in comp]
         pointers.append(cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, full))
     return pointers
+
+
+def _level_indices(builder, levels, inds):
+    """A blocked layout's buffer indices (typing/field.py): per level, the index's digit there."""
+    intp = inds[0].type if inds else llir.IntType(64)
+    out = []
+    for k, (axis, size) in enumerate(levels):
+        inner = 1
+        for a, s in levels[k + 1:]:
+            if a == axis:
+                inner *= s
+        digit = builder.sdiv(inds[axis], llir.Constant(intp, inner)) if inner > 1 else inds[axis]
+        outer = any(a == axis for a, _ in levels[:k])
+        out.append(builder.srem(digit, llir.Constant(intp, size)) if outer else digit)
+    return out
 
 
 def _component_indices(elem_shape):
@@ -369,11 +391,16 @@ def _field_setitem(f, idx, value):
 @overload_attribute(FieldType, "shape")
 def _field_shape(f):
     ndim = f.ndim
+    if f.levels:
+        shape = f.logical_shape
+        return lambda f: shape
     return lambda f: _field_array(f).shape[:ndim]
 
 
 @overload_method(FieldType, "to_array")
 def _field_to_array(f):
+    if f.levels:
+        raise typing_error(QuadrantsTypeError(f"{f} has a blocked layout: it is no array"))
     return lambda f: _field_array(f)
 
 

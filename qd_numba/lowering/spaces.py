@@ -130,9 +130,14 @@ def shape_space(typingctx, x):
             value = cgutils.create_struct_proxy(x)(context, builder, value=value).arr
         arr = context.make_array(arrty)(context, builder, value=value)
         shape = cgutils.unpack_tuple(builder, arr.shape, arrty.ndim)
-        one = llir.Constant(llir.IntType(64), 1)
-        return _make_space(context, builder, [(I64_ZERO, _i64(context, builder, types.intp, s), one)
-                                              for s in shape[:ndim]])
+        if getattr(x, "levels", None):    # a blocked layout: the index shape is a constant
+            shape = [llir.Constant(context.get_value_type(types.intp), n) for n in x.logical_shape]
+        i64 = llir.IntType(64)
+        one = llir.Constant(i64, 1)
+        offset = (getattr(x, "offset", None) or (0,) * ndim)    # a field's offset shifts its indices
+        return _make_space(context, builder, [
+            (llir.Constant(i64, o), builder.add(_i64(context, builder, types.intp, s), llir.Constant(i64, o)), one)
+            for s, o in zip(shape[:ndim], offset)])
 
     return _space_type(ndim)(x), codegen
 

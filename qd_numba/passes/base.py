@@ -16,7 +16,7 @@ import operator
 import sys
 from types import SimpleNamespace
 
-from ..errors import QuadrantsSyntaxError, located
+from ..errors import QuadrantsRuntimeError, QuadrantsSyntaxError, located
 from ..generated_code import exec_generated
 from ..typing.matrix import MatrixType
 
@@ -205,6 +205,9 @@ def hidden_argument(state, obj, loc, into: list | None = None):
     scope = entry.scope
     name = state.hidden_vars.get(id(obj))
     if name is None:
+        if obj.shape is None:    # declared without a shape and never placed (snode.py)
+            raise state.error(QuadrantsRuntimeError, f"{obj._describe()} is not placed: give it a shape "
+                              "(qd.field(dtype, shape=...)) or place it (qd.root.dense(qd.i, n).place(x))", loc)
         index = len(state.runtime_params) + len(state.hidden)
         name = f"__qd_field_{len(state.hidden)}"
         state.hidden.append(obj)

@@ -12,6 +12,15 @@ loads widen, stores round to nearest-even (``value_dtype`` / ``value_elem_type``
 Values of this type reach compiled code only as kernel arguments (fields as hidden
 arguments): the launcher passes the numpy buffer and :func:`_unbox_field` wraps it, at no
 cost beyond unboxing the array. ``checked`` types bounds-check every access (``debug=True``).
+
+Layout: the buffer may be a strided view (a field placed in an SNode tree, snode.py): its type
+is then an ``"A"``-layout array, and accesses use the strides the array carries (on CUDA, the
+constant strides of lowering/device.py). ``offset`` (a tuple, or None) is subtracted from every
+index before the access (``qd.field(..., offset=...)``): part of the type, as in Quadrants.
+``levels`` (None, or one ``(axis, size)`` per buffer dimension) describes a blocked layout, an
+axis split over several nodes of an SNode path: the buffer has one dimension per level, and an
+index ``i`` of an axis with levels of sizes ``s0, s1`` (outer first) is the pair
+``(i // s1, i % s1)`` (lowering/field.py). Its index shape is ``logical_shape``.
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ from ..field import element_shape
 
 class FieldType(types.Type):
     def __init__(self, dtype, ndim: int, elem_type=None, layout: str = "C", readonly: bool = False,
-                 checked: bool = False, kind: str = "field"):
+                 checked: bool = False, kind: str = "field", offset: tuple | None = None,
+                 levels: tuple | None = None):
         self.dtype = dtype
         self.ndim = ndim
         self.elem_type = elem_type
@@ -33,20 +43,34 @@ class FieldType(types.Type):
         self.readonly = readonly
         self.checked = checked
         self.kind = kind
+        self.offset = offset
+        self.levels = levels
+        self.logical_shape = logical_shape(levels, ndim) if levels else None
         half = dtype == types.float16
         self.value_dtype = types.float32 if half else dtype
         self.value_elem_type = elem_type.with_dtype(types.float32) if half and elem_type is not None else elem_type
-        self.array_type = types.Array(types.uint16 if half else dtype, ndim + len(self.elem_shape), layout,
+        self.array_type = types.Array(types.uint16 if half else dtype,
+                                      (len(levels) if levels else ndim) + len(self.elem_shape), layout,
                                       readonly=readonly)
         elem = f", elem={elem_type}" if elem_type is not None else ""
         super().__init__(
             name=f"qd.{kind}({dtype}, ndim={ndim}{elem}, {layout}{', readonly' if readonly else ''}"
-            f"{', checked' if checked else ''})"
+            f"{', checked' if checked else ''}{f', offset={offset}' if offset else ''}"
+            f"{f', levels={levels}' if levels else ''})"
         )
 
     @property
     def key(self):
-        return (self.dtype, self.ndim, self.elem_type, self.layout, self.readonly, self.checked, self.kind)
+        return (self.dtype, self.ndim, self.elem_type, self.layout, self.readonly, self.checked, self.kind,
+                self.offset, self.levels)
+
+
+def logical_shape(levels, ndim: int) -> tuple[int, ...]:
+    """The index shape of a blocked layout: per axis, the product of its levels' sizes."""
+    shape = [1] * ndim
+    for axis, size in levels:
+        shape[axis] *= size
+    return tuple(shape)
 
 
 @register_model(FieldType)

@@ -323,12 +323,11 @@ def _grid(total: int, block: int, max_grid: int) -> int:
 
 
 def field_token(field):
-    from ...field import Ndarray
-    from ...typing.field import FieldType
+    from ...frontend.args import field_type
 
-    fty = FieldType(field.dtype, len(field.shape), field.elem_type, "C", checked=config.current.debug,
-                    kind="field" if not isinstance(field, Ndarray) else "ndarray")
-    return device.TypeToken(fty, tuple(field.shape) + tuple(field.element_shape))
+    fty = field_type(field, config.current.debug)
+    return device.TypeToken(fty, field._arr.shape,
+                            None if fty.layout == "C" else field._arr.strides)
 
 
 def compile_state(kernel, param_types, templates):

@@ -1,0 +1,45 @@
+"""``@qd.data_oriented`` classes: kernel methods (``self`` a template), ``@qd.func`` methods,
+several instances with their own fields, ``qd.static`` over attributes. References are numpy,
+on random data; every kernel is also compiled for CUDA by the suite (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import qd_numba as qd
+
+
+@qd.data_oriented
+class Cloth:
+    def __init__(self, n, scale):
+        self.n, self.scale = n, scale
+        self.x = qd.field(qd.f32, shape=n)
+        self.v = qd.Vector.field(2, qd.f32, shape=n)
+        self.parts = (qd.field(qd.f32, shape=n), qd.field(qd.f32, shape=n))
+
+    @qd.func
+    def energy(self, i):
+        return self.scale * self.x[i] * self.x[i]
+
+    @qd.kernel
+    def step(self, dt: qd.f32):
+        for i in self.x:
+            self.v[i] += dt * qd.Vector([self.x[i], 1.0])
+            self.x[i] = self.energy(i)
+            for p in qd.static(self.parts):
+                p[i] += self.x[i]
+
+
+def test_data_oriented_instances_compile_separately(rng):
+    a, b = Cloth(16, 2.0), Cloth(40, 0.5)
+    xa, xb = rng.random(16).astype(np.float32), rng.random(40).astype(np.float32)
+    a.x.from_numpy(xa)
+    b.x.from_numpy(xb)
+    a.step(0.1)
+    b.step(dt=0.2)
+    for obj, x0, dt in ((a, xa, 0.1), (b, xb, 0.2)):
+        x1 = obj.scale * x0 * x0
+        assert np.allclose(obj.x.to_numpy(), x1, rtol=1e-6)
+        assert np.allclose(obj.v.to_numpy(), np.stack([dt * x0, np.full_like(x0, dt)], 1), rtol=1e-6)
+        assert all(np.allclose(p.to_numpy(), x1, rtol=1e-6) for p in obj.parts)

@@ -16,8 +16,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba.core import types
+from numba.core.typing.typeof import typeof_impl
 
 from . import dtypes
 from .errors import QuadrantsSyntaxError, QuadrantsTypeError
@@ -130,6 +133,18 @@ class Struct:
     def __getitem__(self, key):
         return self._entries[key]
 
+    def _flat_tuple(self) -> tuple:
+        """The leaf values, depth first, vectors/matrices row-major (unboxing a kernel argument)."""
+        out = []
+        for v in self._entries.values():
+            if isinstance(v, Struct):
+                out += v._flat_tuple()
+            elif isinstance(v, Matrix):
+                out += v.to_numpy().reshape(-1).tolist()
+            else:
+                out.append(v)
+        return tuple(out)
+
     def __eq__(self, other):
         return isinstance(other, Struct) and _equal(self.to_dict(), other.to_dict())
 
@@ -143,6 +158,27 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 StructType.python_class = Struct
+
+
+@typeof_impl.register(Struct)
+def _typeof_struct(val, c):
+    return val._type
+
+
+def struct_argument(value, st: StructType) -> Struct:
+    """The argument of a kernel parameter annotated with the struct type ``st``: a ``qd.Struct``
+    of that type, from one (of any struct type with these members) or a dict. Raises
+    QuadrantsTypeError."""
+    if isinstance(value, Struct) and value._type is st:
+        return value
+    if isinstance(value, (Struct, dict)):
+        entries = value.to_dict() if isinstance(value, Struct) else value
+        if set(entries) == set(st.members):
+            try:
+                return Struct.of_type(st, (), entries)
+            except (TypeError, ValueError) as e:
+                raise QuadrantsTypeError(f"expected a {st.type_name} value: {e}") from None
+    raise QuadrantsTypeError(f"expected a {st.type_name} value (members {', '.join(st.members)}), got {value!r}")
 
 
 class StructField:
@@ -227,16 +263,22 @@ def dataclass(cls) -> StructType:
         if k in cls.__dict__:
             raise QuadrantsSyntaxError(f"@qd.dataclass {cls.__name__}: default values are not supported ('{k}')")
     methods = {k: v for k, v in cls.__dict__.items() if isinstance(v, QdFunc)}
-    members = {k: member_type(_annotation(cls, v)) for k, v in annotations.items()}
+    members = {k: member_type(_annotation(cls, methods, k, v)) for k, v in annotations.items()}
     return StructType(members, methods, type_name=cls.__name__)
 
 
-def _annotation(cls, value):
-    if isinstance(value, str):   # from __future__ import annotations
-        import sys
-
-        return eval(value, vars(sys.modules[cls.__module__]), dict(vars(cls)))
-    return value
+def _annotation(cls, methods, name, value):
+    """A member annotation; a string one (``from __future__ import annotations``) is evaluated in
+    the class's module (or, for code run by ``exec``, the globals its methods see)."""
+    if not isinstance(value, str):
+        return value
+    module = sys.modules.get(cls.__module__)
+    namespace = next((f.fn.__globals__ for f in methods.values()), None) or (vars(module) if module else {})
+    try:
+        return eval(value, namespace, dict(vars(cls)))
+    except Exception as e:
+        raise QuadrantsSyntaxError(f"@qd.dataclass {cls.__name__}: cannot evaluate the annotation {value!r} of "
+                                   f"member '{name}': {type(e).__name__}: {e}") from None
 
 
 def data_oriented(cls):

@@ -6,6 +6,7 @@ on random data; every kernel is also compiled for CUDA by the suite (tests/conft
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import qd_numba as qd
 
@@ -43,3 +44,12 @@ def test_data_oriented_instances_compile_separately(rng):
         assert np.allclose(obj.x.to_numpy(), x1, rtol=1e-6)
         assert np.allclose(obj.v.to_numpy(), np.stack([dt * x0, np.full_like(x0, dt)], 1), rtol=1e-6)
         assert all(np.allclose(p.to_numpy(), x1, rtol=1e-6) for p in obj.parts)
+
+
+@pytest.mark.cuda
+def test_data_oriented_on_gpu(rng):
+    qd.init(arch=qd.cuda)
+    try:
+        test_data_oriented_instances_compile_separately(rng)
+    finally:
+        qd.init(arch=qd.cpu)

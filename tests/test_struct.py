@@ -240,3 +240,58 @@ def test_dataclass_members_methods_nesting_and_fields(rng):
     assert np.allclose(d["sphere"]["radius"], 2 * (r + 0.5)) and np.allclose(d["sphere"]["center"], c)
     assert np.allclose(d["weight"], 2)
     assert Sphere(radius=2.0).radius == 2.0
+
+
+# -- struct kernel parameters ---------------------------------------------------------------------------------------
+
+
+def test_struct_kernel_parameters(rng):
+    n = 24
+    a = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((n, 3), np.float32)
+    ids = np.zeros(n, np.int32)
+
+    @qd.kernel
+    def shift(a: _ndarray(qd.f32), b: Body, s: Sphere, out: _ndarray(vec3), ids: _ndarray(qd.i32)):
+        for i in a:
+            out[i] = b.p.v * a[i] + s.center * b.w + s.area()
+            ids[i] = b.p.id + i
+
+    p = Particle(m=1.0, v=[1.0, -2.0, 0.5], id=7)
+    shift(a, Body(p=p, w=0.5), Sphere(center=[0.0, 1.0, 2.0], radius=1.0), out, ids)
+    expected = np.outer(a, [1.0, -2.0, 0.5]) + 0.5 * np.array([0.0, 1.0, 2.0]) + 4 * np.pi
+    assert np.allclose(out, expected, rtol=1e-5) and np.array_equal(ids, 7 + np.arange(n))
+    shift(a, {"p": {"m": 0.0, "v": [0.0, 0.0, 1.0], "id": 1}, "w": 2.0}, Sphere(radius=0.0), out, ids)
+    assert np.allclose(out, np.outer(a, [0.0, 0.0, 1.0])) and np.array_equal(ids, 1 + np.arange(n))
+    with pytest.raises(qd.QuadrantsTypeError, match="argument 'b'"):
+        shift(a, 3.0, Sphere(radius=0.0), out, ids)
+
+
+def test_struct_value_from_serial_code_in_a_parallel_loop(rng):
+    n = 20
+    out = qd.field(qd.f32, shape=n)
+    a = rng.standard_normal(3).astype(np.float32)
+
+    @qd.kernel
+    def spread(a: _ndarray(qd.f32)):
+        p = Particle(m=a[0], v=vec3(a[0], a[1], a[2]))     # serial code, before the loop's task
+        for i in range(n):
+            out[i] = p.m * i + p.v.z
+
+    spread(a)
+    assert np.allclose(out.to_numpy(), a[0] * np.arange(n) + a[2], rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_structs_on_gpu(rng):
+    qd.init(arch=qd.cuda)
+    try:
+        test_struct_field_members_and_elements_in_kernels(rng)
+        test_struct_field_member_update_is_atomic(rng)
+        test_nested_struct_field(rng)
+        test_struct_values_construct_update_pass_and_return(rng)
+        test_dataclass_members_methods_nesting_and_fields(rng)
+        test_struct_kernel_parameters(rng)
+        test_struct_value_from_serial_code_in_a_parallel_loop(rng)
+    finally:
+        qd.init(arch=qd.cpu)

@@ -16,7 +16,7 @@ from numba.core import types
 from numba.core.datamodel import models
 from numba.core.imputils import lower_builtin, lower_cast, lower_constant, lower_getattr_generic
 from numba.core.typing.templates import signature
-from numba.extending import intrinsic, overload, register_model
+from numba.extending import NativeValue, intrinsic, overload, register_model, unbox
 
 from ..errors import QuadrantsTypeError, typing_error
 from ..typing.matrix import SWIZZLE, MatrixType
@@ -98,7 +98,7 @@ def _member_store(target, name, value):
     if isinstance(target, MatrixType):
         if attr not in SWIZZLE:
             raise typing_error(QuadrantsTypeError(
-                f"{target} has no component '{attr}' to assign (only {', '.join(SWIZZLE)} can be assigned)"))
+                f"cannot assign '{attr}' of a {target}: only components ({', '.join(SWIZZLE)}) can be assigned"))
         k = SWIZZLE[attr]
         return lambda target, name, value: matrix_with_item(target, k, value)
     if not isinstance(target, StructType):
@@ -124,3 +124,35 @@ def _with_member(typingctx, target, index, value):
         return builder.insert_value(args[0], convert_member(context, builder, args[2], sig.args[2], member), k)
 
     return signature(target, target, index, value), codegen
+
+
+def leaf_scalar_types(st: StructType) -> list:
+    """The scalar types of a struct's leaves, depth first, vectors/matrices row-major (the order of
+    ``Struct._flat_tuple`` and of a CUDA kernel's parameter slots)."""
+    out = []
+    for _, t in st.leaves():
+        out += [t.dtype] * t.count if isinstance(t, MatrixType) else [t]
+    return out
+
+
+def _from_leaves(context, builder, st: StructType, leaves) -> llir.Value:
+    values = []
+    for t in st.members.values():
+        if isinstance(t, StructType):
+            values.append(_from_leaves(context, builder, t, leaves))
+        elif isinstance(t, MatrixType):
+            values.append(pack(context, builder, t, [leaves.pop(0) for _ in range(t.count)]))
+        else:
+            values.append(leaves.pop(0))
+    return pack_struct(context, builder, st, values)
+
+
+@unbox(StructType)
+def _unbox_struct(typ, obj, c):
+    # the call path converted the argument to a qd.Struct of this type (struct_argument)
+    flat = c.pyapi.call_method(obj, "_flat_tuple", ())
+    tuple_type = types.Tuple(leaf_scalar_types(typ))
+    native = c.unbox(tuple_type, flat)
+    c.pyapi.decref(flat)
+    leaves = [c.builder.extract_value(native.value, k) for k in range(len(tuple_type))]
+    return NativeValue(_from_leaves(c.context, c.builder, typ, leaves), is_error=native.is_error)

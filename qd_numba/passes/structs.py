@@ -12,7 +12,8 @@ rewrites the statements that need that knowledge (``S`` a struct field known at 
 ``S[I]`` (as a value)              ``T(S.a[I], S.b[I], ...)``
 ``S[I] = V``                       ``S.a[I] = V.a; S.b[I] = V.b; ...``
 ``for i in S``                     ``for i in S.<first member field>``
-``p.a = V`` (any local)            ``p = member_store(p, "a", V)`` (a vector: ``v.x = V`` is ``v[0] = V``)
+``p.a = V`` (a local)              ``p = member_store(p, "a", V)`` (``v.x = V`` on a vector is left to
+                                   RewriteSubscripts: ``v[0] = V``)
 ``p.v.x = V``, ``p.v[k] = V``      the update of the temporary ``p.v``, then ``p = member_store(p, "v", $t)``
 ``p.method(args)``                 ``T.method(p, args)``, when ``p``'s struct type is known here
 ``obj.method(args)`` (bound)       ``method(obj, args)`` (``@qd.func`` methods of data-oriented objects)
@@ -239,6 +240,8 @@ class RewriteStructs:
             return False
         if state.is_temp(stmt.target) and not self._is_member_temp(stmt.target):
             return False   # L[I].x = V, G[I].x = V: RewriteSubscripts' rows
+        if not state.is_temp(stmt.target) and stmt.attr in SWIZZLE and struct_type_of(state, stmt.target) is None:
+            return False   # v.x = V on a vector: RewriteSubscripts' row (after the argument-write checks)
         if not state.is_temp(stmt.target):
             self._call(member_store, [stmt.target, self._const(stmt.attr), stmt.value], stmt.target)
             return True

@@ -53,3 +53,14 @@ def test_data_oriented_on_gpu(rng):
         test_data_oriented_instances_compile_separately(rng)
     finally:
         qd.init(arch=qd.cpu)
+
+
+def test_data_oriented_content_key():
+    """The offline cache names a data-oriented object by its class and attributes (fields by layout)."""
+    from qd_numba.frontend.keys import value_key
+
+    a, b, c = Cloth(16, 2.0), Cloth(16, 2.0), Cloth(17, 2.0)
+    assert value_key(a) is not None and value_key(a) == value_key(b)
+    assert value_key(a) != value_key(c) and value_key(a) != value_key(Cloth(16, 3.0))
+    a.extra = object()                      # an attribute without a stable description
+    assert value_key(a) is None

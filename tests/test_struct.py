@@ -295,3 +295,27 @@ def test_structs_on_gpu(rng):
         test_struct_value_from_serial_code_in_a_parallel_loop(rng)
     finally:
         qd.init(arch=qd.cpu)
+
+
+def test_struct_field_and_method_errors():
+    s = Particle.field(shape=4)
+    out = qd.field(qd.f32, shape=4)
+
+    @qd.kernel
+    def unknown_member_field():
+        for i in range(4):
+            out[i] = s.mass[i]
+
+    with pytest.raises(qd.QuadrantsTypeError, match="no member 'mass'") as info:
+        unknown_member_field()
+    assert "s.mass[i]" in str(info.value)
+
+    @qd.kernel
+    def unknown_receiver():
+        for i in range(4):
+            pair = (Sphere(radius=1.0), i)
+            a = pair[0]                            # an item of a tuple: not known before typing
+            out[i] = a.area()
+
+    with pytest.raises(qd.QuadrantsError, match="cannot call the method 'area' of Sphere"):
+        unknown_receiver()

@@ -123,6 +123,7 @@ class RewriteStructs:
             if expr.op == "call":
                 return self._constructor(stmt, expr) or self._method_call(stmt, expr)
             if expr.op == "getattr":
+                self._check_field_member(expr)
                 return self._method_read(expr) or self._member_read(stmt, expr)
             if expr.op in ("getitem", "static_getitem"):
                 return self._element_read(stmt, expr)
@@ -172,6 +173,12 @@ class RewriteStructs:
         fn = self._global(st.methods[d.attr], "$qd_method")
         self._assign(ir.Expr.call(fn, [d.value, *expr.args], expr.kws, self.loc, vararg=expr.vararg), stmt.target)
         return True
+
+    def _check_field_member(self, expr) -> None:
+        """``S.q`` of a struct field without a member (or attribute) ``q``: our error, here."""
+        field = try_static(self.state, expr.value)
+        if isinstance(field, StructField) and not hasattr(field, expr.attr):
+            raise self.state.error(QuadrantsTypeError, unknown_member(field.dtype, expr.attr), self.loc)
 
     def _method_read(self, expr) -> bool:
         """``$m = p.method``: dropped, its call is rewritten (``_method_call``)."""

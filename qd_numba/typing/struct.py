@@ -132,8 +132,11 @@ class StructAttribute(AttributeTemplate):
     def generic_resolve(self, st, attr):
         if attr in st.members:
             return st.members[attr]
-        if attr in st.methods:
-            return None   # methods are inlined before typing (passes/structs.py)
+        if attr in st.methods:   # calls of methods are inlined before typing (passes/structs.py)
+            raise errors.TypingError(
+                f"cannot call the method '{attr}' of {st.type_name} here: its receiver's struct type must be known "
+                f"before typing (a value built by {st.type_name}(...), read from a struct field, a struct parameter "
+                f"or member, or returned by a qd.func annotated '-> {st.type_name}')")
         raise errors.TypingError(unknown_member(st, attr))
 
     def resolve___call__(self, st):

@@ -64,3 +64,26 @@ def test_data_oriented_content_key():
     assert value_key(a) != value_key(c) and value_key(a) != value_key(Cloth(16, 3.0))
     a.extra = object()                      # an attribute without a stable description
     assert value_key(a) is None
+
+
+@qd.data_oriented
+class Quadratic:
+    def __init__(self, n):
+        self.x = qd.field(qd.f32, shape=n, needs_grad=True)
+        self.loss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def compute(self, w: qd.f32):
+        for i in self.x:
+            self.loss[None] += w * self.x[i] ** 2
+
+
+def test_data_oriented_kernel_gradient(rng):
+    q = Quadratic(32)
+    x = rng.standard_normal(32).astype(np.float32)
+    q.x.from_numpy(x)
+    q.compute(1.5)
+    q.loss.grad[None] = 1.0
+    q.compute.grad(1.5)
+    assert np.isclose(q.loss[None], 1.5 * (x ** 2).sum(), rtol=1e-5)
+    assert np.allclose(q.x.grad.to_numpy(), 3.0 * x, rtol=1e-5)

@@ -319,3 +319,22 @@ def test_struct_field_and_method_errors():
 
     with pytest.raises(qd.QuadrantsError, match="cannot call the method 'area' of Sphere"):
         unknown_receiver()
+
+
+@qd.func
+def energy(p: Particle) -> qd.f32:
+    return p.m * p.v.norm_sqr()
+
+
+def test_zero_d_struct_field_and_annotated_func_parameter(rng):
+    g = Particle.field(shape=())
+    m, v = rng.random(2).astype(np.float32)
+
+    @qd.kernel
+    def total(m: qd.f32, v: qd.f32) -> qd.f32:
+        g[None].m = m
+        g[None].v = vec3(v, 2.0 * v, 2.0 * v)
+        return energy(g[None])
+
+    assert np.isclose(total(m, v), m * 9 * v * v, rtol=1e-5)
+    assert g[None].m == m and np.allclose(g[None].v.to_numpy(), [v, 2 * v, 2 * v])

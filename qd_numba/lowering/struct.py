@@ -4,9 +4,11 @@
   ``StructModel``); values are immutable and live in registers, as vectors do.
 * Lowering of the constructor ``T(a, b, ...)`` (member values in order; a number converts to a
   scalar member, fills a vector/matrix member, or fills every leaf of a struct member), member
-  reads ``s.a``, casts between struct types with the same member names, and the intrinsic the
+  reads ``s.a``, casts between struct types with the same member names, and the function the
   rewrite of passes/structs.py calls: :func:`member_store` (``s.a = x`` is
   ``s = member_store(s, "a", x)``; on a vector, ``v.x = y`` is ``v[0] = y``).
+* Unboxing a kernel argument (a ``qd.Struct``, CPU): its leaves as one flat tuple, in the order
+  of :func:`leaf_scalar_types` (the order of a CUDA kernel's parameter slots too).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@
 from .lowering import field as _lowering_field  # noqa: F401  (register Numba extensions)
 from .lowering import spaces as _lowering_spaces  # noqa: F401
 from .lowering import subscripts as _lowering_subscripts  # noqa: F401
+from .lowering import struct as _lowering_struct  # noqa: F401
 from .ops import matrix_methods as _matrix_methods  # noqa: F401
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
@@ -108,6 +109,7 @@ from .math import (
     tanh,
 )
 from .matrix import Matrix, Vector
+from .struct import Struct, StructField, data_oriented, dataclass
 from .offline_cache import clear_offline_cache
 from .ops.atomics import atomic_cas, atomic_exchange, atomic_mul
 from .ops.volatile import volatile_load

@@ -68,6 +68,8 @@ class Kernel(KernelObject):
                 raise QuadrantsSyntaxError(f"kernel '{self.name}': *args/**kwargs parameters are not supported")
             annotation = evaluate_annotation(fn, self.name, f"parameter '{p.name}'", p.annotation)
             kind = param_kind(annotation)
+            if kind is None and not self.params and p.name == "self" and annotation is inspect.Parameter.empty:
+                kind = "template"   # a method of a @qd.data_oriented class: the object is a template
             if kind is None:
                 raise QuadrantsSyntaxError(
                     f"kernel '{self.name}': parameter '{p.name}' needs a type annotation "
@@ -238,11 +240,33 @@ class Kernel(KernelObject):
             args = self._bind(args, kwargs)
         return self.backend().tasks(args)
 
+    def __get__(self, obj, cls=None):
+        """``obj.step`` for a kernel method: the kernel with ``obj`` as its ``self`` argument."""
+        return self if obj is None else BoundKernel(self, obj)
+
     def __repr__(self):
         return f"<qd.kernel {self.qualname}>"
 
     def __deepcopy__(self, memo):
         return self
+
+
+class BoundKernel:
+    """A kernel method read from an object (``@qd.data_oriented``): calls pass the object as
+    ``self``; ``.grad`` is the gradient kernel bound the same way."""
+
+    def __init__(self, kernel: Kernel, obj):
+        self.kernel, self.obj = kernel, obj
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(self.obj, *args, **kwargs)
+
+    @property
+    def grad(self) -> BoundKernel:
+        return BoundKernel(self.kernel.grad, self.obj)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def _no_ndarray_gradients(kernel, call):

@@ -33,6 +33,7 @@ from .dtypes import (  # noqa: F401
 from .errors import QuadrantsTypeError
 from .frontend.args import NDArray, NdarraySpec, Template
 from .matrix import matrix, vector  # noqa: F401
+from .struct import struct  # noqa: F401
 from .typing.matrix import MatrixType
 
 
@@ -79,5 +80,5 @@ def _scalar(dtype) -> types.Type:
 
 
 template = Template
-__all__ = ["ndarray", "NDArray", "template", "vector", "matrix", "is_integral", "is_real", "is_signed",
+__all__ = ["ndarray", "NDArray", "template", "vector", "matrix", "struct", "is_integral", "is_real", "is_signed",
            "is_unsigned", "is_tensor"]

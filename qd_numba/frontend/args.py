@@ -22,6 +22,7 @@ from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..field import ArrayData, Field, Ndarray, element_shape
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
+from ..typing.struct import StructType
 
 
 class Template:
@@ -80,6 +81,8 @@ def param_kind(annotation):
         return "scalar"
     if isinstance(annotation, MatrixType):  # qd.types.vector/matrix: passed by value, like a scalar
         return "matrix"
+    if isinstance(annotation, StructType):  # qd.types.struct / @qd.dataclass: by value, as a vector
+        return "struct"
     return None
 
 
@@ -124,7 +127,7 @@ class Param:
         self.name, self.annotation, self.kind = name, annotation, kind
         if kind == "ndarray" and not isinstance(annotation, NdarraySpec):
             self.annotation = NdarraySpec()
-        self._nbtype = annotation if kind == "matrix" else \
+        self._nbtype = annotation if kind in ("matrix", "struct") else \
             dtypes.to_numba(annotation) if kind == "scalar" and annotation not in (int, float) else None
 
     @property

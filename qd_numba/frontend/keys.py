@@ -48,6 +48,13 @@ def value_key(value):
 
     if isinstance(value, nbtypes.Type):
         return ("numba-type", str(value))
+    if getattr(value, "holds_global_data", False):   # a struct field: its members' layouts
+        return ("struct-field", str(value.dtype), tuple(value_key(f) for f in value.leaf_fields()))
+    if getattr(type(value), "_qd_data_oriented", False):   # a data-oriented object: its attributes
+        items = tuple((k, value_key(v)) for k, v in sorted(vars(value).items()))
+        if any(k is None for _, k in items):
+            return None
+        return ("data-oriented", type(value).__module__, type(value).__qualname__, items)
     fn = getattr(value, "fn", None) or getattr(value, "py_func", None) or value
     code = getattr(fn, "__code__", None)
     if code is not None:   # a function, qd.func or njit dispatcher: by its qualified name and code

@@ -66,6 +66,24 @@ class QdFunc:
     def __call__(self, *args, **kwargs):
         raise QuadrantsSyntaxError(f"qd.func '{self.name}' can only be called from a kernel or another qd.func")
 
+    def __get__(self, obj, cls=None):
+        # ``self.helper`` in a method of a data-oriented object: the func with ``self`` bound
+        return self if obj is None else BoundQdFunc(self, obj)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class BoundQdFunc:
+    """A ``@qd.func`` method read from an object (``self.helper``): passes/structs.py calls the
+    func with the object as its first argument."""
+
+    def __init__(self, func: QdFunc, obj):
+        self.func, self.obj = func, obj
+
+    def __call__(self, *args, **kwargs):
+        raise QuadrantsSyntaxError(f"qd.func '{self.func.name}' can only be called from a kernel or another qd.func")
+
     def __deepcopy__(self, memo):
         return self
 

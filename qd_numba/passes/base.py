@@ -151,6 +151,8 @@ def static_value(state: CompileState, var, permissive: bool = False):
             raise NotStatic(var) from e
     if op in ("static_getitem", "getitem") and argument_of(state, d.value) is not None:
         raise NotStatic(var)   # an element of a field or ndarray: its value when the kernel runs
+    if op in ("static_getitem", "getitem") and getattr(sv(d.value), "holds_global_data", False):
+        raise NotStatic(var)   # an element of a struct field (qd_numba/struct.py), as above
     if op == "static_getitem":
         return sv(d.value)[d.index]
     if op == "getitem":

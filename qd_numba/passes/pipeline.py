@@ -31,6 +31,7 @@ from .reductions import ReduceAtomics
 from .resolve_globals import CheckGlobals, ResolveGlobals
 from .return_rules import ReturnRules
 from .rewrite_subscripts import RewriteSubscripts
+from .structs import RewriteStructs
 from .verify import verify_final, verify_ir
 
 MAX_FIXED_POINT_ROUNDS = 64
@@ -49,8 +50,8 @@ class Stage:
 
 UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
-    Stage("compile-time evaluation", (ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic, RemoveDeadPure),
-          fixed_point=True),
+    Stage("compile-time evaluation", (RewriteStructs, ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic,
+                                      RemoveDeadPure), fixed_point=True),
     Stage("rewrites", (CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSubscripts, CheckReadonlyWrites,
                        DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),

@@ -30,6 +30,7 @@ from ..errors import QuadrantsNameError, QuadrantsSyntaxError, QuadrantsTypeErro
 from ..field import ArrayData
 from ..frontend.objects import KernelObject, QdFunc
 from ..matrix import Matrix
+from ..struct import StructField
 from .base import MISSING, hidden_argument, try_static
 
 _warned_frozen = weakref.WeakKeyDictionary()  # kernel's Python function -> lists it was warned about
@@ -67,6 +68,8 @@ class ResolveGlobals:
                     base = try_static(state, value.value)
                     if base is MISSING or not _foldable(base) or isinstance(base, ArrayData):
                         continue
+                    if isinstance(base, StructField) and value.op != "getattr":
+                        continue  # an element of a struct field: passes/structs.py
                     if value.op == "getitem":  # x[0] with a constant index (Python >= 3.12 bytecode)
                         index = try_static(state, value.index)
                         if index is MISSING or not isinstance(base, (tuple, list, dict)):

@@ -35,9 +35,12 @@ from ..generated_code import exec_generated
 from ..matrix import matrix_argument
 from ..passes.base import IRTools
 from ..passes.task_types import TaskTyper
+from ..struct import struct_argument
 from . import cpu
 from .base import KernelBackend, Target
 from .untyped import gc_paused, untyped_compile
+
+VALUE_ARGUMENTS = {"matrix": matrix_argument, "struct": struct_argument}  # by-value parameters: their checks
 
 
 class Instance:
@@ -83,7 +86,8 @@ class CpuKernel(KernelBackend):
         """The kernel's ``__call__`` on the CPU (see the module docstring)."""
         kernel = self.kernel
         ns = {"Ndarray": Ndarray, "fingerprint": _dispatcher.compute_fingerprint, "template_key": template_key,
-              "matrix_argument": matrix_argument, "instances": self.instances, "backend": self,
+              "matrix_argument": matrix_argument, "struct_argument": struct_argument,
+              "instances": self.instances, "backend": self,
               "ndarray": np.ndarray, "host_array": host_array,
               "next_generation": next_generation, "bump_buffers": bump_buffers}
         lines, names = kernel.caller_prologue(ns)
@@ -100,9 +104,9 @@ class CpuKernel(KernelBackend):
                 runtime.append(name)
             elif p.kind == "template":
                 key_items.append(f"template_key({name})")
-            elif p.kind == "matrix":  # a qd.Vector/Matrix of the annotated type (else TypeError)
+            elif p.kind in ("matrix", "struct"):  # a qd.Vector/Matrix/Struct of the annotated type
                 ns[f"type_{name}"] = p.nbtype
-                lines.append(f"        {name} = matrix_argument({name}, type_{name})")
+                lines.append(f"        {name} = {p.kind}_argument({name}, type_{name})")
                 runtime.append(name)
             else:
                 # exact-type membership: anything else takes the slow path, which validates
@@ -142,7 +146,7 @@ class CpuKernel(KernelBackend):
             with self.lock:
                 args = self.host_args(args)
                 inst = self._instance(args)
-                args = tuple(matrix_argument(a, p.nbtype) if p.kind == "matrix" else
+                args = tuple(VALUE_ARGUMENTS[p.kind](a, p.nbtype) if p.kind in VALUE_ARGUMENTS else
                              scalar_argument(argument_where(kernel, p), p, a) if p.kind == "scalar" else a
                              for p, a in zip(kernel.params, args))
                 kernel.last_instance = inst
@@ -190,9 +194,9 @@ class CpuKernel(KernelBackend):
             elif p.kind == "scalar":
                 scalar_argument(where, p, a)
                 types_[p.name] = p.nbtype
-            elif p.kind == "matrix":
+            elif p.kind in VALUE_ARGUMENTS:
                 try:
-                    matrix_argument(a, p.nbtype)
+                    VALUE_ARGUMENTS[p.kind](a, p.nbtype)
                 except QuadrantsTypeError as e:
                     raise QuadrantsTypeError(f"{where}: {e}") from None
                 types_[p.name] = p.nbtype

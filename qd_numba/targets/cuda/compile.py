@@ -314,8 +314,9 @@ def install_cuda_extensions() -> None:
     from ...frontend.real_func import CompiledRealFunc, QdRealFunc
     from ...matrix import _MatrixMeta
     from ...typing.matrix import MatrixType, matrix_literal_rewrite
+    from ...typing.struct import StructType
 
-    for cls in (_MatrixMeta, MatrixType):
+    for cls in (_MatrixMeta, MatrixType, StructType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
     cuda_typeof_impl.register(QdRealFunc)(lambda val, c: types.Dispatcher(val.dispatcher("cuda")))
     cuda_typeof_impl.register(CompiledRealFunc)(lambda val, c: types.Dispatcher(val.func.compiled("cuda")))

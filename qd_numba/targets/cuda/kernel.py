@@ -110,7 +110,7 @@ class CudaKernel(KernelBackend):
                 views.append(f"v{i}")
             elif p.kind == "template":
                 key.append(f"template_key(a{i})")
-            elif p.kind == "matrix":
+            elif p.kind in ("matrix", "struct"):
                 ns[f"p{i}"] = p
                 body.append(f"a{i} = check_matrix(kernel, p{i}, a{i})")
             else:
@@ -167,10 +167,11 @@ def _check_scalar(kernel, p, a):
 
 
 def _check_matrix(kernel, p, a):
-    """A vector/matrix argument as a qd.Vector/qd.Matrix of its parameter's type."""
+    """A vector/matrix (struct) argument as a qd.Vector/qd.Matrix (qd.Struct) of its parameter's type."""
     from ...matrix import matrix_argument
+    from ...struct import struct_argument
 
     try:
-        return matrix_argument(a, p.nbtype)
+        return (struct_argument if p.kind == "struct" else matrix_argument)(a, p.nbtype)
     except QuadrantsTypeError as e:
         raise QuadrantsTypeError(f"kernel '{kernel.name}', argument '{p.name}': {e}") from None

@@ -260,6 +260,10 @@ def _runner_source(plan):
             ns[f"c{i}"] = tuple(plan.cells[name])
             body += [f"for cell, x in zip(c{i}, a{i}.entries.reshape(-1).tolist()):",
                      "    cell.value = x"]
+        elif kind == "struct":  # a qd.Struct: one cell per leaf element, in the data model's order
+            ns[f"c{i}"] = tuple(plan.cells[name])
+            body += [f"for cell, x in zip(c{i}, a{i}._flat_tuple()):",
+                     "    cell.value = x"]
         else:
             ns[f"n{i}"] = name
             state += [f"last{i} = None", f"key{i} = None"]
@@ -272,7 +276,7 @@ def _runner_source(plan):
             state.append(f"t{i} = UNSET")
             kind = params[i][1]
             changed.append(f"type(a{i}) is not Ndarray or a{i} is not t{i}" if kind == "ndarray"
-                           else "True" if kind == "matrix"  # a qd.Vector may have changed in place
+                           else "True" if kind in ("matrix", "struct")  # a qd.Vector may have changed in place
                            else f"a{i} != t{i}")
         tracked = [f"t{i}" for i in plan.totals_args]
         body += [f"if {' or '.join(changed)}:" if changed else "if True:",
@@ -439,7 +443,7 @@ def plan_types(kernel, args, views):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
         if p.kind == "template":
             templates[p.name] = a
-        elif p.kind in ("scalar", "matrix"):
+        elif p.kind in ("scalar", "matrix", "struct"):
             param_types[p.name] = p.nbtype
         else:
             param_types[p.name] = _view_type(where, p.annotation, views[p.name])

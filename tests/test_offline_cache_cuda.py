@@ -268,3 +268,22 @@ def test_a_cached_cuda_debug_kernel_still_raises_out_of_bounds(tmp_path, rng):
         offline_cache._loaded.clear()
         qd.init(arch=qd.cpu)
 
+
+
+@pytest.mark.cuda
+def test_qd_init_finds_the_cache_key_toolchain_in_the_background(tmp_path):
+    """qd.init(arch=qd.cuda) with the offline cache on starts a thread that asks the NVVM and
+    nvJitLink versions for the cache keys, so a warm process's first call finds them ready."""
+    import threading
+
+    cuda_plan.cache_target.cache_clear()
+    qd.init(arch=qd.cuda, offline_cache=True, offline_cache_file_path=str(tmp_path))
+    try:
+        for t in threading.enumerate():
+            if t.name == "qd_numba-cache-key":
+                t.join(timeout=60)
+        assert cuda_plan.cache_target.cache_info().currsize == 1
+        cc = cuda_plan.CudaRuntime.get().cc
+        assert cuda_plan.cache_target(cc).startswith(f"cuda-sm{''.join(map(str, cc))}-nvvm")
+    finally:
+        qd.init()

@@ -496,6 +496,15 @@ def cache_target(cc) -> str:
     return f"cuda-sm{''.join(map(str, cc))}-nvvm{nvvm.version()}{nvvm.ir_version()}-nvjitlink{nvjitlink.version()}"
 
 
+def prefetch_cache_target(cc) -> None:
+    """:func:`cache_target` ahead of its first use (a background thread started by ``qd.init``).
+    A failure is left to the first real use, which raises it where the user sees it."""
+    try:
+        cache_target(cc)
+    except Exception:   # noqa: BLE001 - reported by the kernel call that needs the key
+        return
+
+
 def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBinary:
     """The :class:`PlanBinary` of :func:`compile_tasks`' output; needs no GPU."""
     # Tasks are stored without their Numba types (compile-time data that does not pickle)

@@ -290,3 +290,36 @@ def test_launch_goes_to_the_given_stream(rng, on_cuda):
         assert other == drv.CUresult.CUDA_SUCCESS
         s.synchronize()
         assert drv.cuStreamQuery(s.handle)[0] == drv.CUresult.CUDA_SUCCESS
+
+
+@pytest.mark.cuda
+def test_debug_bounds_check_on_a_stream(rng, on_cuda):
+    @qd.kernel
+    def bump(a: qd.types.ndarray(dtype=qd.f32, ndim=1), n: qd.i32):
+        for i in range(n):
+            a[i] = a[i] + 1.0
+
+    qd.init(arch=qd.cuda, debug=True)
+    data = rng.uniform(-1, 1, 64).astype(np.float32)
+    a = qd.ndarray(qd.f32, 64)
+    a.from_numpy(data)
+    with qd.create_stream() as s:
+        with pytest.raises(QuadrantsRuntimeError, match="bump"):
+            bump(a, 65, qd_stream=s)
+        a.from_numpy(data)
+        bump(a, 64, qd_stream=s)
+        np.testing.assert_allclose(a.to_numpy(), data + 1.0, rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_profiled_launch_on_a_stream(rng, on_cuda):
+    qd.init(arch=qd.cuda, kernel_profiler=True)
+    n = 4096
+    x0 = rng.uniform(-1, 1, n).astype(np.float32)
+    x, y = qd.ndarray(qd.f32, n), qd.ndarray(qd.f32, n)
+    x.from_numpy(x0)
+    with qd.create_stream() as s:
+        produce(x, y, qd_stream=s)
+        s.synchronize()
+    np.testing.assert_allclose(y.to_numpy(), _produce_ref(x0), rtol=1e-4, atol=1e-5)
+    assert qd.profiler.query_kernel_profiler_info(produce.qualname).counter == 1

@@ -283,6 +283,7 @@ class CudaRuntime:
         self.plan_builds = 0
         self.stack_limit = 0        # the cuda_stack_limit applied (0: the driver's default)
         self._fence_event = None    # fence(): created on first use
+        self._own_streams = set()   # handles of live streams stream_create made (blocking)
         self._fence_lock = threading.Lock()
 
     def apply_stack_limit(self, limit: int) -> None:
@@ -335,9 +336,12 @@ class CudaRuntime:
         """A new blocking stream: CUDA orders it with the legacy default stream."""
         drv = _driver()
         self.context  # noqa: B018  (numba made the primary context current in this thread)
-        return int(_check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_DEFAULT), "cuStreamCreate"))
+        handle = int(_check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_DEFAULT), "cuStreamCreate"))
+        self._own_streams.add(handle)
+        return handle
 
     def stream_destroy(self, handle: int) -> None:
+        self._own_streams.discard(handle)
         _check(_driver().cuStreamDestroy(handle), "cuStreamDestroy")
 
     def stream_synchronize(self, handle: int) -> None:
@@ -346,8 +350,9 @@ class CudaRuntime:
     def stream_nonblocking(self, handle: int) -> bool:
         """Whether the stream ``handle`` runs unordered with the legacy default stream (created
         non-blocking, as torch's pool streams are); the special handles 1 and 2 (legacy,
-        per-thread default) are ordered with it."""
-        if handle in (1, 2):
+        per-thread default) and the streams :meth:`stream_create` made are ordered with it
+        (no driver call); other handles are asked each time (a freed handle may come back)."""
+        if handle in (1, 2) or handle in self._own_streams:
             return False
         drv = _driver()
         flags = _check(drv.cuStreamGetFlags(handle), "cuStreamGetFlags")

@@ -279,6 +279,8 @@ def _no_ndarray_gradients(kernel, call):
     positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
 
     def checked(self, *args, **kwargs):
+        if "qd_stream" in kwargs:   # refused for gradient kernels (streams.py)
+            return Kernel.__call__(self, *args, **kwargs)
         bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
         for k in positions:
             if getattr(bound[k], "grad", None) is not None:

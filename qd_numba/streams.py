@@ -170,7 +170,7 @@ def call_on_stream(kernel, stream, args):
     """Run ``kernel`` (its arguments bound) on ``stream``; refused for derivative kernels (a
     recording ``qd.ad.Tape`` refuses ``qd_stream=`` itself: :func:`tape_error`)."""
     where = f"kernel '{kernel.name}'"
-    if kernel.autodiff_mode is not None:
+    if kernel.autodiff_mode is not None and stream is not None:
         raise QuadrantsRuntimeError(f"{where}: qd_stream= is not supported for derivative kernels (kernel.grad, "
                                     "forward mode); launch it without qd_stream=")
     handle = stream_handle(stream, where)

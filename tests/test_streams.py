@@ -122,6 +122,19 @@ def test_stream_with_gradient_kernel_or_tape_is_refused(rng):
     s.destroy()
 
 
+def test_stream_with_gradient_kernel_of_ndarrays_is_refused(rng):
+    @qd.kernel
+    def square(a: qd.types.ndarray(dtype=qd.f64, ndim=1), b: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        for i in range(a.shape[0]):
+            b[i] = a[i] * a[i]
+
+    a, b = rng.uniform(-1, 1, 8), np.zeros(8)
+    square(a, b, qd_stream=None)
+    np.testing.assert_allclose(b, a * a, rtol=1e-12)
+    with qd.create_stream() as s, pytest.raises(QuadrantsRuntimeError, match="kernel 'square.grad'.*derivative"):
+        square.grad(a, b, qd_stream=s)
+
+
 def test_generated_call_path_does_not_look_for_streams(rng):
     x, y = rng.uniform(-1, 1, 8), rng.uniform(-1, 1, 8)
     scale_add(x, y, 1.0)

@@ -140,6 +140,7 @@ from .snode import (
     root,
 )
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64
+from .streams import Event, Stream, create_event, create_stream
 from .task import Task
 
 __version__ = "0.1.0"

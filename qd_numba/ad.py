@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from . import config
+from . import config, streams
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
 from .field import dual_holders, gradient_holders, host_sync_checks, run_host_sync_checks
@@ -133,6 +133,8 @@ def _recording_call(kernel, call):
         tape = _active_tape
         if tape is not None:
             if kwargs:
+                if kwargs.pop("qd_stream", None) is not None:
+                    raise streams.tape_error(self)
                 args = self._bind(args, kwargs)
                 kwargs = {}
             tape.insert(self, args)

@@ -17,7 +17,7 @@ import inspect
 import threading
 import weakref
 
-from . import config, dtypes, runtime
+from . import config, dtypes, runtime, streams
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
 from .frontend.objects import KernelObject, QdFunc, cached_frontend_ir, func  # noqa: F401  (qd.func lives with the objects passes see)
@@ -107,7 +107,11 @@ class Kernel(KernelObject):
     # -- the call path ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """The generic call: bind the arguments, then the backend's checked path (which compiles
-        on a miss). The first call installs the backend's generated ``__call__``."""
+        on a miss). The first call installs the backend's generated ``__call__``. ``qd_stream=``
+        (streams.py) comes here: the generated ``__call__`` sends unknown keywords to :meth:`_bad_call`."""
+        if "qd_stream" in kwargs:
+            stream = kwargs.pop("qd_stream")
+            return streams.call_on_stream(self, stream, self._bind(args, kwargs))
         args = self._bind(args, kwargs)
         return self.backend().call(*args)
 
@@ -275,6 +279,8 @@ def _no_ndarray_gradients(kernel, call):
     positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
 
     def checked(self, *args, **kwargs):
+        if "qd_stream" in kwargs:   # refused for gradient kernels (streams.py)
+            return Kernel.__call__(self, *args, **kwargs)
         bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
         for k in positions:
             if getattr(bound[k], "grad", None) is not None:

@@ -142,8 +142,9 @@ def _apply_thread_limit(limit: int) -> None:
 
 
 def sync() -> None:
-    """Wait for every launched kernel (CPU kernels finish before they return), then report
-    what gradient launches found asynchronously (adstack overflows on CUDA)."""
+    """Wait for every launched kernel (CPU kernels finish before they return; CUDA: all work of
+    the device context, every stream included), then report what gradient launches found
+    asynchronously (adstack overflows on CUDA)."""
     target_for(config.current.arch).synchronize()
     from .field import host_sync_checks, run_host_sync_checks
 

@@ -36,6 +36,11 @@ class KernelBackend:
         """Run the kernel on arguments already bound to its parameters (the checked path)."""
         raise NotImplementedError
 
+    def call_on_stream(self, handle: int, args):
+        """:meth:`call` on the GPU stream ``handle`` (non-zero; ``qd_stream=``, streams.py).
+        Targets without streams run the kernel as :meth:`call` does, synchronously."""
+        return self.call(*args)
+
     def tasks(self, args) -> list:
         """The Tasks of the instance these bound arguments select (compiling it if needed)."""
         raise NotImplementedError

@@ -101,7 +101,8 @@ class CudaKernel(KernelBackend):
         """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
         arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of
         an exact Python or numpy type pass without a check; anything else is validated.
-        ``plan_for(args)`` shares the source up to the lookup."""
+        ``plan_for(args)`` and ``call_on(stream, nonblocking, *args)`` (``qd_stream=``) share the
+        source up to the lookup."""
         params = self.kernel.params
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
@@ -133,10 +134,16 @@ class CudaKernel(KernelBackend):
         src = "\n".join([f"def call({', '.join(args)}):", *(f"    {line}" for line in body),
                          f"    return plan.run({', '.join(args + views)})",
                          f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
-                         "    return plan"]) + "\n"
+                         "    return plan",
+                         f"def call_on(stream, nonblocking, {', '.join(args)}):", *(f"    {line}" for line in body),
+                         f"    return plan.on_stream()(stream, nonblocking, {', '.join(args + views)})"]) + "\n"
         exec_generated(src, f"cuda call {self.kernel.qualname}", ns)
-        self._plan_for = ns["plan_for"]
+        self._plan_for, self._call_on = ns["plan_for"], ns["call_on"]
         return ns["call"]
+
+    def call_on_stream(self, handle, args):
+        """The call path with the launch on stream ``handle`` (LaunchPlan.on_stream)."""
+        return self._call_on(handle, CudaRuntime.get().stream_nonblocking(handle), *args)
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""

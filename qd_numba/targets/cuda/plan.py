@@ -112,6 +112,7 @@ class LaunchPlan:
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
+        self._run_on_stream = None
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -181,10 +182,18 @@ class LaunchPlan:
         raw = self.tmp_dev[off:off + dt.itemsize * count].copy_to_host()
         return read_return(raw, dt, self.kernel.return_type)
 
-    def _make_runner(self):
-        src, ns = _runner_source(self)
-        exec_generated(src, f"launch {self.kernel.qualname}", ns)
+    def _make_runner(self, on_stream=False):
+        src, ns = _runner_source(self, on_stream)
+        exec_generated(src, f"launch {self.kernel.qualname}{' on a stream' if on_stream else ''}", ns)
         return ns["make"]()
+
+    def on_stream(self):
+        """``run(stream, nonblocking, *args, *views)``: :attr:`run` with the launches on the
+        stream ``stream`` (generated on first use, so :attr:`run` is untouched), fenced with the
+        legacy default stream when the stream is non-blocking."""
+        if self._run_on_stream is None:
+            self._run_on_stream = self._make_runner(on_stream=True)
+        return self._run_on_stream
 
 
 def return_slot(ty) -> tuple[np.dtype, int]:
@@ -235,8 +244,11 @@ def _tuple_src(items) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
-def _runner_source(plan):
-    """Source of ``make() -> run(*args, *ndarray views)`` for one plan, and its namespace.
+def _runner_source(plan, on_stream=False):
+    """Source of ``make() -> run(*args, *ndarray views)`` for one plan, and its namespace;
+    ``on_stream``: ``run(stream, nonblocking, *args, *views)`` launching on ``stream`` (word 1 of
+    the packed array, put back to 0 after), behind a fence from and before a fence to the legacy
+    default stream when ``nonblocking`` (the copies and the return value's read run there).
 
     Per argument only what its kind needs: a scalar writes its cell; an ndarray re-patches
     its cells when its view is not the one of the last call (qd.ndarray views are cached, so
@@ -290,21 +302,31 @@ def _runner_source(plan):
     for i in plan.written_args:
         ns["next_generation"] = next_generation
         body.append(f"if type(a{i}) is Ndarray: a{i}._gen = next_generation()")
+    launch = []
     if plan.error_words:   # debug: one task at a time, stopping at the first that records an error
         ns["launch_task"], ns["error_word_of"] = launchers().launch_task, plan.error_word_of
         ns["packed"] = plan.packed.ctypes.data   # by address (the array lives as long as the plan)
-        body += [f"for k in range({len(plan.launches)}):",
-                 "    status = launch_task(packed, k)",
-                 "    if status >= 0:",
-                 "        plan._failed(status)",
-                 "    if rt.read_i32(error_word_of[k]):",
-                 "        break"]
+        launch += [f"for k in range({len(plan.launches)}):",
+                   "    status = launch_task(packed, k)",
+                   "    if status >= 0:",
+                   "        plan._failed(status)",
+                   *(["    if nonblocking: rt.fence(stream, 0)"] if on_stream else []),
+                   "    if rt.read_i32(error_word_of[k]):",
+                   "        break"]
     else:
         if plan.timer is not None:
             ns["packed"] = plan.packed.ctypes.data
-        body += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
-                 "if status >= 0:",
-                 "    plan._failed(status)"]
+        launch += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
+                   "if status >= 0:",
+                   "    plan._failed(status)"]
+    if on_stream:
+        ns["words"] = plan.packed
+        body += ["if nonblocking: rt.fence(0, stream)", "words[1] = stream", "try:",
+                 *(f"    {line}" for line in launch),
+                 "finally:", "    words[1] = 0",
+                 "if nonblocking: rt.fence(stream, 0)"]
+    else:
+        body += launch
     # numpy arguments get what the tasks wrote before an error is raised, as on the CPU
     for v in views.values():
         body.append(f"if {v}.host is not None: copy_back({v})")
@@ -313,7 +335,8 @@ def _runner_source(plan):
     body.append("return plan._result()" if plan.ret is not None else "return None")
     names = [s.split(" = ")[0] for s in state]
     lines = ["def make():", *(f"    {s}" for s in state),
-             f"    def run({', '.join(args + list(views.values()))}):",
+             f"    def run({', '.join(['stream', 'nonblocking'] if on_stream else [])}"
+             f"{', ' if on_stream and args else ''}{', '.join(args + list(views.values()))}):",
              *([f"        nonlocal {', '.join(names)}"] if names else []),
              *(f"        {line}" for line in body),
              "    return run"]

@@ -282,6 +282,9 @@ class CudaRuntime:
         install_cuda_ufunc_math_fallbacks()
         self.plan_builds = 0
         self.stack_limit = 0        # the cuda_stack_limit applied (0: the driver's default)
+        self._fence_event = None    # fence(): created on first use
+        self._own_streams = set()   # handles of live streams stream_create made (blocking)
+        self._fence_lock = threading.Lock()
 
     def apply_stack_limit(self, limit: int) -> None:
         """Set the per-thread device stack to ``limit`` bytes (``qd.init(cuda_stack_limit=...)``;
@@ -327,6 +330,59 @@ class CudaRuntime:
     def event(self):
         drv = _driver()
         return _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    # -- explicit streams and events (streams.py); handles are ints ----------------------------------------
+    def stream_create(self) -> int:
+        """A new blocking stream: CUDA orders it with the legacy default stream."""
+        drv = _driver()
+        self.context  # noqa: B018  (numba made the primary context current in this thread)
+        handle = int(_check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_DEFAULT), "cuStreamCreate"))
+        self._own_streams.add(handle)
+        return handle
+
+    def stream_destroy(self, handle: int) -> None:
+        self._own_streams.discard(handle)
+        _check(_driver().cuStreamDestroy(handle), "cuStreamDestroy")
+
+    def stream_synchronize(self, handle: int) -> None:
+        _check(_driver().cuStreamSynchronize(handle), "cuStreamSynchronize")
+
+    def stream_nonblocking(self, handle: int) -> bool:
+        """Whether the stream ``handle`` runs unordered with the legacy default stream (created
+        non-blocking, as torch's pool streams are); the special handles 1 and 2 (legacy,
+        per-thread default) and the streams :meth:`stream_create` made are ordered with it
+        (no driver call); other handles are asked each time (a freed handle may come back)."""
+        if handle in (1, 2) or handle in self._own_streams:
+            return False
+        drv = _driver()
+        flags = _check(drv.cuStreamGetFlags(handle), "cuStreamGetFlags")
+        return bool(int(flags) & int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
+
+    def event_create(self) -> int:
+        self.context  # noqa: B018
+        return int(self.event())
+
+    def event_destroy(self, handle: int) -> None:
+        _check(_driver().cuEventDestroy(handle), "cuEventDestroy")
+
+    def event_record(self, event: int, stream: int) -> None:
+        _check(_driver().cuEventRecord(event, stream), "cuEventRecord")
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        _check(_driver().cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+    def event_synchronize(self, event: int) -> None:
+        _check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
+
+    def fence(self, before: int, after: int) -> None:
+        """Order the work queued later on stream ``after`` behind the work queued so far on
+        stream ``before`` (an event, no host wait). One event serves every fence: a wait
+        takes the event's state when it is queued."""
+        with self._fence_lock:
+            if self._fence_event is None:
+                self._fence_event = self.event_create()
+            self.event_record(self._fence_event, before)
+            self.stream_wait_event(after, self._fence_event)
 
     def read_async(self, host_address: int, device_address: int, nbytes: int, event) -> None:
         """Copy ``nbytes`` (a multiple of 4) of device memory to pinned host memory and zero them,

@@ -19,6 +19,7 @@ import weakref
 
 from . import config, dtypes, runtime
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
+from .field import Ndarray
 from .frontend.args import Param, evaluate_annotation, grad_parameter, param_kind, return_type_of
 from .frontend.objects import KernelObject, QdFunc, cached_frontend_ir, func  # noqa: F401  (qd.func lives with the objects passes see)
 from .frontend.real_func import forget_real_funcs
@@ -301,12 +302,12 @@ def _ndarray_gradients(kernel, call):
     """The gradient kernel's call: when ndarray arguments have a ``.grad`` (``qd.ndarray(...,
     needs_grad=True)``), the call goes to the variant of the gradient kernel that takes those
     gradients as hidden ndarray parameters after the kernel's own (:meth:`Kernel._grad_variant`);
-    other ndarray arguments (numpy arrays, ndarrays without a gradient) are constants."""
+    other ndarray arguments (numpy arrays, torch tensors, ndarrays without a gradient) are constants."""
     positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
 
     def checked(self, *args, **kwargs):
         bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
-        with_grad = tuple(k for k in positions if getattr(bound[k], "grad", None) is not None)
+        with_grad = tuple(k for k in positions if isinstance(bound[k], Ndarray) and bound[k].grad is not None)
         if not with_grad:
             return call(self, *bound)
         return self._grad_variant(with_grad)(*bound, *(bound[k].grad for k in with_grad))

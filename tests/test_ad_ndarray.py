@@ -13,6 +13,7 @@ import qd_numba as qd
 
 N = 7
 vec3 = qd.types.vector(3, qd.f64)
+mat2 = qd.types.matrix(2, 2, qd.f64)
 
 
 def _differences(f, xs, eps=1e-6):
@@ -220,3 +221,35 @@ def test_cuda_ndarray_gradients(rng):
         np.testing.assert_allclose(v.grad.to_numpy(), np.stack([np.sin(xv), 2 * vv[:, 1]], axis=1), rtol=1e-12)
     finally:
         qd.init()
+
+
+def test_loops_inside_the_task_and_matrix_ndarrays(rng):
+    """An inner loop (adstack sized from a scalar argument and an ndarray shape) over an ndarray
+    with a gradient, and a matrix ndarray with a gradient."""
+    x = qd.ndarray(qd.f64, (N,), needs_grad=True)
+    m = qd.Matrix.ndarray(2, 2, qd.f64, (N,), needs_grad=True)
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def chain(x: qd.types.ndarray(), m: qd.types.ndarray(dtype=mat2, ndim=1), steps: qd.i32):
+        for i in range(x.shape[0]):
+            v = x[i]
+            for _ in range(steps):
+                v = qd.sin(v) * 1.1 + 0.1 * x[(i + 1) % N]
+            loss[None] += v * (m[i] @ m[i]).trace()
+
+    def reference(xv, mv, steps=5):
+        v = xv.copy()
+        for _ in range(steps):
+            v = np.sin(v) * 1.1 + 0.1 * np.roll(xv, -1)
+        return (v * np.einsum("nij,nji->n", mv, mv)).sum()
+
+    xv, mv = rng.uniform(-1, 1, N), rng.uniform(-1, 1, (N, 2, 2))
+    x.from_numpy(xv)
+    m.from_numpy(mv)
+    with qd.ad.Tape(loss=loss):
+        chain(x, m, 5)
+    gx, gm = _differences(reference, [xv, mv])
+    np.testing.assert_allclose(loss[None], reference(xv, mv), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.to_numpy(), gx, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(m.grad.to_numpy(), gm, rtol=1e-6, atol=1e-9)

@@ -253,3 +253,22 @@ def test_loops_inside_the_task_and_matrix_ndarrays(rng):
     np.testing.assert_allclose(loss[None], reference(xv, mv), rtol=1e-12)
     np.testing.assert_allclose(x.grad.to_numpy(), gx, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(m.grad.to_numpy(), gm, rtol=1e-6, atol=1e-9)
+
+
+def test_row_read_of_a_plain_array_is_an_error_at_its_line(rng):
+    """``p[i]`` of a 2-d array without an element type is an array row, which has no adjoint:
+    the gradient kernel's error names the read (docs/autodiff.md: annotate the element type)."""
+    p = qd.Vector.ndarray(3, qd.f64, (4,), needs_grad=True)
+    p.from_numpy(rng.uniform(-1, 1, (4, 3)))
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def rows(p: qd.types.ndarray()):
+        for i in range(4):
+            row = p[i]
+            loss[None] += row[0] * 2.0
+
+    rows(p)
+    np.testing.assert_allclose(loss[None], 2 * p.to_numpy()[:, 0].sum(), rtol=1e-12)
+    with pytest.raises(qd.QuadrantsIndexError, match=r"(?s)kernel 'rows.grad'.*row = p\[i\]"):
+        rows.grad(p)

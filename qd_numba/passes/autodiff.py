@@ -652,8 +652,9 @@ class _Transform:
             grad = self._grad_field(e, stmt.value.args[0])
             if grad is None:
                 return
-            if callee in _ARRAY_LOADS:
-                e.call(subscripts.atomic_update, [grad, args[1], g, e.const("add")])
+            if callee in _ARRAY_LOADS:      # at the read's line: an error there names it
+                at = _Emitter(state, self.scope, stmt.loc, e.out)
+                at.call(subscripts.atomic_update, [grad, args[1], g, at.const("add")])
             else:
                 self._add(e, args[2], e.assign(self.ir.Expr.getitem(grad, args[1], self.loc)))
             return

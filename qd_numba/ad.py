@@ -17,7 +17,7 @@ import numpy as np
 from . import config, streams
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
-from .field import dual_holders, gradient_holders, host_sync_checks, run_host_sync_checks
+from .field import Ndarray, dual_holders, gradient_holders, host_sync_checks, run_host_sync_checks
 
 _active_tape = None
 
@@ -32,8 +32,8 @@ class Tape:
     """``with qd.ad.Tape(loss=l):`` — record kernel calls, then run their gradients in reverse.
 
     On entry: gradients are cleared (``clear_gradients``) and ``l.grad[None]`` is set to 1; on
-    exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field (or
-    ndarray) with ``needs_grad=True``. ``validation=True`` (with ``qd.init(debug=True)``) checks
+    exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field, or
+    an ndarray of one element, with ``needs_grad=True``. ``validation=True`` (with ``qd.init(debug=True)``) checks
     that no kernel overwrites a field with a gradient after a recorded kernel read it — the
     gradient replays that kernel with the new values, so it would be wrong — and raises naming
     the field, the kernel that read it and the one that overwrote it. It snapshots the fields
@@ -48,7 +48,11 @@ class Tape:
             if getattr(loss, "grad", None) is None:
                 raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss {loss!r} needs a gradient: create it with "
                                            "needs_grad=True")
-            if tuple(loss.shape) != ():
+            if isinstance(loss, Ndarray):   # as Quadrants: an ndarray loss has one element, of any shape
+                if int(np.prod(loss.shape)) != 1:
+                    raise QuadrantsSyntaxError(f"qd.ad.Tape: an ndarray loss must have one element, got shape "
+                                               f"{tuple(loss.shape)}")
+            elif tuple(loss.shape) != ():
                 raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss must be a 0-d (scalar) field, got shape "
                                            f"{tuple(loss.shape)}")
         self.loss = loss

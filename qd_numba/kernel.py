@@ -19,7 +19,8 @@ import weakref
 
 from . import config, dtypes, runtime, streams
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
-from .frontend.args import Param, evaluate_annotation, param_kind, return_type_of
+from .field import Ndarray
+from .frontend.args import Param, evaluate_annotation, grad_parameter, param_kind, return_type_of
 from .frontend.objects import KernelObject, QdFunc, cached_frontend_ir, func  # noqa: F401  (qd.func lives with the objects passes see)
 from .frontend.real_func import forget_real_funcs
 from .targets.base import target_for
@@ -61,7 +62,7 @@ class Kernel(KernelObject):
         self.qualname = f"{fn.__module__}.{fn.__qualname__}"
         self.graph = graph
         self.fuse = fuse
-        sig = inspect.signature(fn)
+        sig = self.signature = inspect.signature(fn)
         self.params = []
         for p in sig.parameters.values():
             if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
@@ -87,6 +88,8 @@ class Kernel(KernelObject):
         self.autodiff_mode = None       # "reverse": the gradient kernel (kernel.grad); "forward": qd.ad.FwdMode's
         self._grad = None
         self._forward_mode = None
+        self._with_grads = {}           # a gradient kernel: its variants taking ndarray gradients, by argument set
+        self.grad_arguments = ()        # such a variant: the ndarray parameters whose .grad follow the parameters
         self.compile_count = 0
         self.last_instance = None       # the CPU target's last instance (introspection)
         self.adstacks = []              # a gradient kernel: the adstacks of its last compiled instance (adstack.py)
@@ -130,8 +133,9 @@ class Kernel(KernelObject):
 
     def _install_caller(self) -> None:
         call = self._caller or Kernel.__call__
-        if self.autodiff_mode == "reverse" and any(p.kind == "ndarray" for p in self.params):
-            call = _no_ndarray_gradients(self, call)
+        if self.autodiff_mode == "reverse" and not self.grad_arguments \
+                and any(p.kind == "ndarray" for p in self.params):
+            call = _ndarray_gradients(self, call)
         type(self).__call__ = call if _call_wrapper is None else _call_wrapper(self, call)
 
     def _forget(self) -> None:
@@ -176,9 +180,34 @@ class Kernel(KernelObject):
                     setattr(self, attr, derived)
         return getattr(self, attr)
 
+    def _grad_variant(self, positions: tuple) -> Kernel:
+        """The gradient kernel taking the ``.grad`` of the ndarray parameters at ``positions`` as
+        hidden parameters after its own (made once per set of positions): ``kernel.grad``'s
+        name, and the annotation of the ndarray each gradient belongs to (their default only
+        keeps the signature valid after parameters with defaults: a call always passes them)."""
+        variant = self._with_grads.get(positions)
+        if variant is None:
+            with self._lock:
+                variant = self._with_grads.get(positions)
+                if variant is None:
+                    variant = Kernel(self.fn, graph=self.graph, fuse=self.fuse)
+                    variant.name, variant.qualname = self.name, self.qualname
+                    variant.autodiff_mode, variant.primal = "reverse", self.primal
+                    variant.grad_arguments = tuple(self.params[k].name for k in positions)
+                    extra = [Param(grad_parameter(self.params[k].name), self.params[k].annotation, "ndarray")
+                             for k in positions]
+                    variant.params = self.params + extra
+                    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+                    variant.signature = self.signature.replace(parameters=[
+                        *self.signature.parameters.values(),
+                        *(inspect.Parameter(p.name, kind, default=MISSING_ARG) for p in extra)])
+                    variant._install_caller()
+                    self._with_grads[positions] = variant
+        return variant
+
     def _bind(self, args, kwargs):
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise QuadrantsTypeError(f"kernel '{self.name}': {e}") from None
         bound.apply_defaults()
@@ -190,7 +219,7 @@ class Kernel(KernelObject):
         :meth:`_bad_call`, then each argument bound to ``a<k>``. Returns (lines, ``a<k>`` names)."""
         names = [f"a{k}" for k in range(len(self.params))]
         ns["MISSING"] = MISSING_ARG
-        sig = inspect.signature(self.fn)
+        sig = self.signature
         params = []
         for name, p in zip(names, sig.parameters.values()):
             if p.default is inspect.Parameter.empty:
@@ -273,22 +302,21 @@ class BoundKernel:
         return getattr(self.kernel, name)
 
 
-def _no_ndarray_gradients(kernel, call):
-    """The gradient kernel's call, refusing ndarray arguments created with ``needs_grad=True``:
-    their gradients are not computed (a field's are)."""
+def _ndarray_gradients(kernel, call):
+    """The gradient kernel's call: when ndarray arguments have a ``.grad`` (``qd.ndarray(...,
+    needs_grad=True)``), the call goes to the variant of the gradient kernel that takes those
+    gradients as hidden ndarray parameters after the kernel's own (:meth:`Kernel._grad_variant`);
+    other ndarray arguments (numpy arrays, torch tensors, ndarrays without a gradient) are constants."""
     positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
 
     def checked(self, *args, **kwargs):
         if "qd_stream" in kwargs:   # refused for gradient kernels (streams.py)
             return Kernel.__call__(self, *args, **kwargs)
         bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
-        for k in positions:
-            if getattr(bound[k], "grad", None) is not None:
-                raise QuadrantsSyntaxError(
-                    f"kernel '{self.name}', argument '{self.params[k].name}': gradients of ndarray arguments "
-                    "are not computed by qd_numba yet; keep the differentiated data in a qd.field "
-                    "(needs_grad=True), or pass the ndarray without needs_grad")
-        return call(self, *bound)
+        with_grad = tuple(k for k in positions if isinstance(bound[k], Ndarray) and bound[k].grad is not None)
+        if not with_grad:
+            return call(self, *bound)
+        return self._grad_variant(with_grad)(*bound, *(bound[k].grad for k in with_grad))
 
     return checked
 

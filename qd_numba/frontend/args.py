@@ -139,6 +139,12 @@ class Param:
         return config.current.default_ip if self.annotation is int else config.current.default_fp
 
 
+def grad_parameter(name: str) -> str:
+    """The hidden parameter of a gradient kernel that takes the ``.grad`` of ndarray parameter
+    ``name`` (passes/autodiff.py accumulates into it)."""
+    return f"__qd_grad_{name}"
+
+
 # -- funcs -------------------------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from .. import math as qd_math
 from ..adstack import AdStack, render
 from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError
 from ..field import Field
+from ..frontend.args import grad_parameter
 from ..lang import random as qd_random
 from ..lowering import adstack as ad_stack
 from ..lowering import array_access, spaces, subscripts
@@ -50,7 +51,7 @@ from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
 from ..ops.matrix_methods import MATRIX_METHODS
 from ..task import Task
 from ..typing.matrix import MatrixType
-from .base import MISSING, hidden_argument, is_global_data, try_static
+from .base import MISSING, argument_of, hidden_argument, is_global_data, try_static
 from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes, task_bounds
 from .ir_builder import successors
 from .offload import OffloadedLoop
@@ -593,10 +594,14 @@ class _Transform:
             self.adjoint[var.name] = e.call(ad_helpers.ad_acc, [adj, contribution], "$ad_adj")
 
     def _grad_field(self, e, base_stmt_var):
+        """The variable of the gradient of global data ``base_stmt_var``: the ``.grad`` field of a
+        field (a hidden argument), the hidden gradient parameter of an ndarray parameter
+        (kernel.py passes ``arg.grad`` there), or None (no gradient: a constant)."""
         field = try_static(self.state, base_stmt_var)
-        if not isinstance(field, Field) or field.grad is None:
-            return None
-        return hidden_argument(self.state, field.grad, self.loc)
+        if isinstance(field, Field):
+            return None if field.grad is None else hidden_argument(self.state, field.grad, self.loc)
+        arg = argument_of(self.state, base_stmt_var)
+        return None if arg is None else _grad_parameter(self.state, arg.name, self.loc)
 
     def _store_adjoint(self, e, stmt, fwd):
         grad = self._grad_field(e, stmt.target)
@@ -643,7 +648,15 @@ class _Transform:
         state = self.state
         callee = try_static(state, stmt.value.func)
         args = fwd.value.args
-        if callee in _ARRAY_LOADS:       # ndarray arguments carry no gradient (kernel.py checks the call)
+        if callee in _ARRAY_LOADS or callee in _ARRAY_STORES:    # an ndarray parameter's element
+            grad = self._grad_field(e, stmt.value.args[0])
+            if grad is None:
+                return
+            if callee in _ARRAY_LOADS:      # at the read's line: an error there names it
+                at = _Emitter(state, self.scope, stmt.loc, e.out)
+                at.call(subscripts.atomic_update, [grad, args[1], g, at.const("add")])
+            else:
+                self._add(e, args[2], e.assign(self.ir.Expr.getitem(grad, args[1], self.loc)))
             return
         if callee is subscripts.atomic_update:
             base, index = stmt.value.args[0], args[1]
@@ -910,6 +923,22 @@ def _retargeted(ir, term, mapping):
         return ir.Jump(mapping.get(term.target, term.target), term.loc)
     return ir.Branch(term.cond, mapping.get(term.truebr, term.truebr), mapping.get(term.falsebr, term.falsebr),
                      term.loc)
+
+
+def _grad_parameter(state, name: str, loc):
+    """The variable of the hidden gradient parameter of ndarray parameter ``name``, bound at the
+    front of the entry block the first time; None when the call passed no gradient for it."""
+    grad_name = grad_parameter(name)
+    if grad_name not in state.runtime_params:
+        return None
+    ir = state.ir
+    entry = state.func_ir.blocks[min(state.func_ir.blocks)]
+    var = ir.Var(entry.scope, grad_name, loc)
+    if grad_name not in state.hidden_vars:
+        state.hidden_vars[grad_name] = grad_name
+        entry.scope.get_or_define(grad_name, loc)
+        entry.body.insert(0, ir.Assign(ir.Arg(grad_name, state.runtime_params.index(grad_name), loc), var, loc))
+    return var
 
 
 def _clean(name: str) -> str:

@@ -368,6 +368,19 @@ class Field(ArrayData):
     def _device(self):
         return None if self._tree is not None else self._dev
 
+    @staticmethod
+    def _hidden_i32(name: str) -> Field:
+        """A field for a sparse SNode's flags (snode.py), to be placed."""
+        return Field(dtypes.i32, None, name=name)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if self._tree is not None:
+            from .snode import activate_host, sparse_ancestors
+
+            if sparse_ancestors(self._snode):
+                activate_host(self, self._index(key))
+
     def _host_view(self) -> np.ndarray:
         """A blocked layout's buffer with each axis's levels side by side (outer first), so that
         reshaping it to the field's shape gives the elements in index order."""

@@ -222,3 +222,58 @@ def test_sparse_calls_errors():
 
     with pytest.raises(QuadrantsSyntaxError, match="dynamic SNode"):
         wrong()
+
+
+def test_grouped_struct_for_with_offset(rng):
+    x = qd.field(qd.f32)
+    node = qd.root.bitmasked(qd.ij, (6, 6))
+    node.place(x, offset=(-2, 3))
+    flags = qd.field(qd.i32, shape=(6, 6))
+
+    @qd.kernel
+    def write(pts: qd.types.ndarray(), vals: qd.types.ndarray()):
+        for p in range(pts.shape[0]):
+            x[pts[p, 0] - 2, pts[p, 1] + 3] = vals[p]
+
+    @qd.kernel
+    def bump():
+        for idx in qd.grouped(x):
+            x[idx] += 10.0
+        for i, j in qd.ndrange(6, 6):
+            flags[i, j] = qd.is_active(node, [i, j])
+
+    cells = rng.choice(36, 5, replace=False)
+    pts = np.stack([cells // 6, cells % 6], -1).astype(np.int32)
+    vals = rng.uniform(1, 2, 5).astype(np.float32)
+    write(pts, vals)
+    bump()
+    active = np.zeros((6, 6), np.int32)
+    active[pts[:, 0], pts[:, 1]] = 1
+    expect = np.zeros((6, 6), np.float32)
+    expect[pts[:, 0], pts[:, 1]] = vals + 10
+    np.testing.assert_array_equal(flags.to_numpy(), active)
+    np.testing.assert_allclose(x.to_numpy(), expect, rtol=1e-6)
+    assert x[pts[0, 0] - 2, pts[0, 1] + 3] == pytest.approx(vals[0] + 10)
+
+
+def test_gradient_over_active_cells(rng):
+    y = qd.field(qd.f32, needs_grad=True)
+    qd.root.bitmasked(qd.i, N).place(y)
+    qd.root.lazy_grad()
+    loss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def f():
+        for i in y:
+            loss[None] += y[i] * y[i]
+
+    cells = sorted({int(c) for c in rng.integers(0, N, 4)})
+    vals = rng.uniform(-2, 2, len(cells)).astype(np.float32)
+    for c, v in zip(cells, vals):
+        y[c] = v
+    with qd.ad.Tape(loss):
+        f()
+    expect = np.zeros(N, np.float32)
+    expect[cells] = 2 * vals
+    np.testing.assert_allclose(y.grad.to_numpy(), expect, rtol=1e-6)
+    np.testing.assert_allclose(loss[None], (vals * vals).sum(), rtol=1e-5)

@@ -31,6 +31,7 @@ from ..errors import QuadrantsSyntaxError
 from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
+from ..lowering.subscripts import as_index_tuple
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
 
@@ -115,14 +116,18 @@ class RewriteSparse:
             items = list(d.items)
         elif isinstance(d, ir.Const) and d.value is None or ndim == 0:
             items = []
-        elif ndim == 1 and not (isinstance(d, ir.Const) and isinstance(d.value, tuple)):
-            items = [var]
-        else:
-            items = [self._assign(ir.Expr.static_getitem(var, k, None, self.loc)) for k in range(ndim)]
+        else:   # an int, a tuple or a vector (qd.grouped): as a tuple
+            items = self._unpack(var, ndim)
         if len(items) != ndim:
             raise self.state.error(QuadrantsSyntaxError, f"{len(items)} index(es) given where {ndim} are needed",
                                    self.loc)
         return items
+
+    def _unpack(self, var, ndim: int) -> list:
+        ir = self.ir
+        fn = self._global(as_index_tuple, "$qd_as_index_tuple")
+        tup = self._assign(ir.Expr.call(fn, [var], (), self.loc))
+        return [self._assign(ir.Expr.static_getitem(tup, k, None, self.loc)) for k in range(ndim)]
 
     def _digit(self, comp, offset: int, divisor: int):
         if offset:
@@ -303,10 +308,7 @@ class RewriteSparse:
                 first = ir.Assign(value, entry.scope.redefine("$qd_cell", shape.loc), shape.loc)
                 entry.body.insert(0, first)
             self.block, self.out, self.loc = entry, [], first.loc
-            if ndim == 1 and not grouped and isinstance(first.value, ir.Var):
-                comps = [first.target]
-            else:
-                comps = [self._assign(ir.Expr.static_getitem(first.target, k, None, self.loc)) for k in range(ndim)]
+            comps = self._unpack(first.target, ndim)
             cond = self._active(field, comps)
             label = max(blocks) + 1
             blocks[label] = ir.Block(entry.scope, first.loc)

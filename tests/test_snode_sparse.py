@@ -277,3 +277,24 @@ def test_gradient_over_active_cells(rng):
     expect[cells] = 2 * vals
     np.testing.assert_allclose(y.grad.to_numpy(), expect, rtol=1e-6)
     np.testing.assert_allclose(loss[None], (vals * vals).sum(), rtol=1e-5)
+
+
+def test_dynamic_append_past_capacity_is_dropped(rng):
+    x = qd.field(qd.i32)
+    lists = qd.root.dense(qd.i, 3).dynamic(qd.j, 8)
+    lists.place(x)
+    n = qd.field(qd.i32, shape=3)
+
+    @qd.kernel
+    def push(vals: qd.types.ndarray()):
+        for p in range(vals.shape[0]):
+            qd.append(lists, 1, vals[p])
+        for i in range(3):
+            n[i] = qd.length(lists, i)
+
+    vals = rng.choice(1000, 20, replace=False).astype(np.int32) + 1
+    push(vals)
+    np.testing.assert_array_equal(n.to_numpy(), [0, 8, 0])
+    data = x.to_numpy()
+    assert set(data[1]) <= set(vals) and len(set(data[1])) == 8   # 8 of the appended values
+    assert not data[0].any() and not data[2].any()                 # the neighbours untouched

@@ -12,8 +12,9 @@ axis, snode.cell_digits). For a field ``x`` placed below sparse nodes:
 ``qd.activate(n, I)``            ``F[I] = 1``
 ``qd.deactivate(n, I)``          ``F[I] = 0`` and ``x[I] = 0`` for each field placed directly under n
 ``qd.is_active(n, I)``           ``F[I] != 0``
-``qd.append(n, I, V)``           ``p = qd.atomic_add(F[I], 1); x[I with p on n's axis] = V``; value p
-``qd.length(n, I)``              ``F[I]``
+``qd.append(n, I, V)``           ``p = qd.atomic_add(F[I], 1); x[I with p on n's axis] = V`` if ``p`` is
+                                 below the capacity (lowering/sparse.store_if); value p
+``qd.length(n, I)``              ``min(F[I], capacity)``
 ``for I in x`` (a struct-for)    the body runs for active cells only: a test after the loop
                                  targets are bound jumps back to the loop header otherwise
 ===============================  ==================================================================
@@ -31,6 +32,7 @@ from ..errors import QuadrantsSyntaxError
 from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
+from ..lowering.sparse import store_if
 from ..lowering.subscripts import as_index_tuple
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
@@ -240,8 +242,9 @@ class RewriteSparse:
             parent = node._parent
             comps = self._components(expr.args[1], len(parent.shape))
             index = self._index(comps)
-            if what == "length":
-                value = ir.Expr.getitem(self._global(node._flags), index, self.loc)
+            if what == "length":   # appends past the capacity count in the flag, not in the length
+                n = self._assign(ir.Expr.getitem(self._global(node._flags), index, self.loc))
+                value = ir.Expr.call(self._global(min, "$qd_min"), [n, self._const(node._sizes[0])], (), self.loc)
             else:
                 value = self._append(node, comps, index, expr.args[2])
             self.out.append(ir.Assign(value, stmt.target, self.loc))
@@ -276,7 +279,9 @@ class RewriteSparse:
         it = iter(comps)
         for k, a in enumerate(axes_):
             full.append(self._binop(operator.add, pos, self._const(offset[k])) if a == axis else next(it))
-        self.out.append(ir.SetItem(self._global(field), self._index(full), value, self.loc))
+        ok = self._binop(operator.lt, pos, self._const(node._sizes[0]))   # past the capacity: dropped
+        fn = self._global(store_if, "$qd_store_if")
+        self._assign(ir.Expr.call(fn, [self._global(field), self._index(full), value, ok], (), self.loc))
         return pos
 
     # -- struct-fors -------------------------------------------------------------------------------

@@ -298,3 +298,38 @@ def test_dynamic_append_past_capacity_is_dropped(rng):
     data = x.to_numpy()
     assert set(data[1]) <= set(vals) and len(set(data[1])) == 8   # 8 of the appended values
     assert not data[0].any() and not data[2].any()                 # the neighbours untouched
+
+
+def test_deactivate_zero_fills_a_block(rng):
+    x = qd.field(qd.f32)
+    v = qd.Vector.field(2, qd.i32)
+    block = qd.root.pointer(qd.i, N // B)
+    block.dense(qd.ij, (B, 3)).place(x, v)
+    count = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def fill(vals: qd.types.ndarray()):
+        for i, j in qd.ndrange(N, 3):
+            x[i, j] = vals[i, j]
+            v[i, j] = qd.Vector([i, j + 1])
+
+    @qd.kernel
+    def drop(b: qd.i32):
+        qd.deactivate(block, b)
+
+    @qd.kernel
+    def visit():
+        for _i, _j in x:
+            count[None] += 1
+
+    vals = rng.uniform(1, 2, (N, 3)).astype(np.float32)
+    fill(vals)
+    b = int(rng.integers(N // B))
+    drop(b)
+    visit()
+    assert count[None] == (N // B - 1) * B * 3
+    keep = np.ones(N, bool)
+    keep[b * B:(b + 1) * B] = False
+    np.testing.assert_array_equal(x.to_numpy(), vals * keep[:, None])
+    ii, jj = np.meshgrid(np.arange(N), np.arange(3), indexing="ij")
+    np.testing.assert_array_equal(v.to_numpy(), np.stack([ii, jj + 1], -1) * keep[:, None, None])

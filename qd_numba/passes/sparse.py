@@ -10,7 +10,8 @@ axis, snode.cell_digits). For a field ``x`` placed below sparse nodes:
                                  dynamic node: ``qd.atomic_max(F[cell(I)], pos(I) + 1)``
 ``qd.atomic_op(x[I], V)``        the same activation after the atomic
 ``qd.activate(n, I)``            ``F[I] = 1``
-``qd.deactivate(n, I)``          ``F[I] = 0`` and ``x[I] = 0`` for each field placed directly under n
+``qd.deactivate(n, I)``          ``F[I] = 0``; each field below n zeroed in the cell (``x[I] = 0``, or
+                                 lowering/sparse.zero_block over the cell's block of elements)
 ``qd.is_active(n, I)``           ``F[I] != 0``
 ``qd.append(n, I, V)``           ``p = qd.atomic_add(F[I], 1); x[I with p on n's axis] = V`` if ``p`` is
                                  below the capacity (lowering/sparse.store_if); value p
@@ -32,7 +33,7 @@ from ..errors import QuadrantsSyntaxError
 from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
-from ..lowering.sparse import store_if
+from ..lowering.sparse import store_if, zero_block
 from ..lowering.subscripts import as_index_tuple
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
@@ -258,10 +259,31 @@ class RewriteSparse:
             return
         self._store(node._flags, index, self._const(1 if what == "activate" else 0))
         if what == "deactivate":
-            for child in node._children:
-                if child._kind == "place":
-                    self._store(child._field, index, self._const(0))
+            for below in node._walk():
+                if below._kind == "place":
+                    self._zero_cell(node, below._field, comps)
         self.out.append(ir.Assign(ir.Const(None, self.loc), stmt.target, self.loc))
+
+    def _zero_cell(self, node, field, cell):
+        """Zero the elements of ``field`` in the cell ``cell`` (its components) of ``node``."""
+        if field._snode._parent is node:    # one element per cell
+            self._store(field, self._index(cell), self._const(0))
+            return
+        digits = {rank: (k, off, div) for k, (rank, off, div) in enumerate(sn.cell_digits(node, field))}
+        offset = field.offset or (0,) * len(field.shape)
+        start, size = [], []
+        for rank, n in enumerate(field.shape):
+            if rank in digits:     # an axis of the node: the cell's block of div elements
+                k, off, div = digits[rank]
+                first = self._binop(operator.mul, cell[k], self._const(div))
+                start.append(self._binop(operator.add, first, self._const(off)) if off else first)
+                size.append(div)
+            else:                  # an axis below the node only: all of it
+                start.append(self._const(offset[rank]))
+                size.append(n)
+        starts = self._assign(self.ir.Expr.build_tuple(start, self.loc))
+        fn = self._global(zero_block, "$qd_zero_block")
+        self._assign(self.ir.Expr.call(fn, [self._global(field), starts, self._const(tuple(size))], (), self.loc))
 
     def _append(self, node, comps, index, value):
         ir = self.ir

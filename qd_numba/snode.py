@@ -43,7 +43,7 @@ import sys
 
 import numpy as np
 
-from . import dtypes
+from . import config, dtypes
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 
 
@@ -495,6 +495,9 @@ class _Root:
     def deactivate_all(self) -> None:
         """Deactivate every sparse cell of the trees built from ``qd.root`` so far."""
         for tree in list(_root_trees):
+            if any(f._runtime is not None and f._runtime is not config.current for f in tree._fields):
+                _root_trees.remove(tree)    # released by a later qd.init()/qd.reset()
+                continue
             deactivate_all(tree.root)
 
     def __repr__(self):

@@ -309,6 +309,8 @@ class RewriteSparse:
     # -- struct-fors -------------------------------------------------------------------------------
     def _filter_struct_fors(self) -> bool:
         state, ir = self.state, self.ir
+        if not any(_sparse_field(f) for f in state.hidden):
+            return False    # no field below a sparse node: no struct-for to filter
         bypass_jump_only_headers(state)
         analysis = state.tools.analysis
         blocks = state.func_ir.blocks

@@ -362,6 +362,32 @@ def activate_host(field, idx: tuple) -> None:
             node._flags[where] = 1
 
 
+def activate_all_host(field) -> None:
+    """After python scope wrote every element of ``field``: every cell above it is active, every
+    dynamic list above it full."""
+    for node in sparse_ancestors(field._snode):
+        node._flags._fill_plain(node._sizes[0] if node._kind == "dynamic" else 1)
+
+
+def active_mask_host(field):
+    """A bool array of ``field.shape``: whether each element lies in active cells of every sparse
+    node above it (within the length of a dynamic one); None below no sparse node."""
+    nodes = sparse_ancestors(field._snode)
+    if not nodes:
+        return None
+    idx = np.indices(field.shape)
+    mask = np.ones(field.shape, bool)
+    for node in nodes:
+        flags = node._flags.to_numpy()
+        if node._kind == "dynamic":
+            rank, _, div, cap = dynamic_position(node, field)
+            cell = tuple(idx[r] // d for r, _, d in cell_digits(node._parent, field))
+            mask &= idx[rank] // div % cap < (flags[cell] if cell else flags)
+        else:
+            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] != 0
+    return mask
+
+
 def deactivate_all(node: SNode) -> None:
     """Zero the data and the flags of every sparse node at or below ``node``."""
     if not node._tree.materialized:
@@ -370,8 +396,8 @@ def deactivate_all(node: SNode) -> None:
         if sparse._kind in SPARSE_KINDS and sparse._flags is not None:
             for below in sparse._walk():
                 if below._kind == "place":
-                    below._field.fill(0)
-            sparse._flags.fill(0)
+                    below._field._fill_plain(0)    # Field.fill would activate
+            sparse._flags._fill_plain(0)
 
 
 def _numpy_dtype(f):

@@ -333,3 +333,56 @@ def test_deactivate_zero_fills_a_block(rng):
     np.testing.assert_array_equal(x.to_numpy(), vals * keep[:, None])
     ii, jj = np.meshgrid(np.arange(N), np.arange(3), indexing="ij")
     np.testing.assert_array_equal(v.to_numpy(), np.stack([ii, jj + 1], -1) * keep[:, None, None])
+
+
+def test_from_numpy_and_fill_activate_every_cell(rng):
+    x = qd.field(qd.f32)
+    node = qd.root.bitmasked(qd.i, N)
+    node.place(x)
+    d = qd.field(qd.i32)
+    qd.root.dense(qd.i, 2).dynamic(qd.j, 5).place(d)
+    count = qd.field(qd.i32, shape=2)
+
+    @qd.kernel
+    def visit():
+        for _i in x:
+            count[0] += 1
+        for _i, _j in d:
+            count[1] += 1
+
+    X = rng.uniform(1, 2, N).astype(np.float32)
+    x.from_numpy(X)
+    D = rng.integers(1, 9, (2, 5)).astype(np.int32)
+    d.from_numpy(D)
+    visit()
+    np.testing.assert_array_equal(count.to_numpy(), [N, 2 * 5])
+    np.testing.assert_array_equal(x.to_numpy(), X)
+    np.testing.assert_array_equal(d.to_numpy(), D)
+    node.deactivate_all()
+    count.fill(0)
+    visit()
+    np.testing.assert_array_equal(count.to_numpy(), [0, 10])
+
+
+def test_fill_writes_active_cells_only(rng):
+    x = qd.field(qd.f32)
+    qd.root.bitmasked(qd.i, N).place(x)
+    d = qd.field(qd.i32)
+    lists = qd.root.dense(qd.i, 3).dynamic(qd.j, 6)
+    lists.place(d)
+
+    @qd.kernel
+    def grow(which: qd.types.ndarray()):
+        for p in range(which.shape[0]):
+            qd.append(lists, which[p], 1)
+
+    active = rng.random(N) < 0.5
+    for i in np.flatnonzero(active):
+        x[i] = 1.0
+    x.fill(7.0)
+    np.testing.assert_array_equal(x.to_numpy(), 7.0 * active)
+    which = rng.integers(0, 3, 8).astype(np.int32)
+    grow(which)
+    d.fill(4)
+    lengths = np.minimum(np.bincount(which, minlength=3), 6)
+    np.testing.assert_array_equal(d.to_numpy(), 4 * (np.arange(6)[None, :] < lengths[:, None]))

@@ -386,3 +386,33 @@ def test_fill_writes_active_cells_only(rng):
     d.fill(4)
     lengths = np.minimum(np.bincount(which, minlength=3), 6)
     np.testing.assert_array_equal(d.to_numpy(), 4 * (np.arange(6)[None, :] < lengths[:, None]))
+
+
+def test_gradient_through_stores_below_a_sparse_node(rng):
+    y, z = qd.field(qd.f32, needs_grad=True), qd.field(qd.f32, needs_grad=True)
+    qd.root.bitmasked(qd.i, N).place(y, z)
+    qd.root.lazy_grad()
+    loss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def scale():
+        for i in y:
+            z[i] = y[i] * 3.0
+
+    @qd.kernel
+    def total():
+        for i in z:
+            loss[None] += z[i] * z[i]
+
+    cells = sorted({int(c) for c in rng.integers(0, N, 4)})
+    vals = rng.uniform(-2, 2, len(cells)).astype(np.float32)
+    for c, v in zip(cells, vals):
+        y[c] = v
+    with qd.ad.Tape(loss):
+        scale()
+        total()
+    expect = np.zeros(N, np.float32)
+    expect[cells] = 18 * vals
+    np.testing.assert_allclose(y.grad.to_numpy(), expect, rtol=1e-5)
+    np.testing.assert_allclose(z.to_numpy()[cells], 3 * vals, rtol=1e-6)
+    np.testing.assert_allclose(loss[None], 9 * (vals * vals).sum(), rtol=1e-5)

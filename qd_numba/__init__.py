@@ -121,7 +121,10 @@ from .snode import (
     Axis,
     FieldsBuilder,
     SNode,
+    activate,
+    append,
     axes,
+    deactivate,
     i,
     ij,
     ijk,
@@ -130,6 +133,7 @@ from .snode import (
     ik,
     ikl,
     il,
+    is_active,
     j,
     jk,
     jkl,
@@ -137,6 +141,7 @@ from .snode import (
     k,
     kl,
     l,
+    length,
     root,
 )
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64

@@ -368,6 +368,53 @@ class Field(ArrayData):
     def _device(self):
         return None if self._tree is not None else self._dev
 
+    @staticmethod
+    def _hidden_i32(name: str) -> Field:
+        """A field for a sparse SNode's flags (snode.py), to be placed."""
+        return Field(dtypes.i32, None, name=name)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if self._tree is not None:
+            from .snode import activate_host, sparse_ancestors
+
+            if sparse_ancestors(self._snode):
+                activate_host(self, self._index(key))
+
+    # below sparse SNodes, as Quadrants' kernels for these do: from_numpy writes (and activates)
+    # every element, fill writes the active elements only
+    def from_numpy(self, array) -> None:
+        super().from_numpy(array)
+        self._activate_all()
+
+    def fill(self, value) -> None:
+        mask = self._active_mask()
+        if mask is None:
+            super().fill(value)
+            return
+        data = self.to_numpy()
+        data[mask] = value
+        super().from_numpy(data)
+
+    def _fill_plain(self, value) -> None:
+        """``fill`` without activating (snode.py: deactivation, flags)."""
+        ArrayData.fill(self, value)
+
+    def _activate_all(self) -> None:
+        if self._tree is not None:
+            from .snode import activate_all_host
+
+            activate_all_host(self)
+
+    def _active_mask(self):
+        """Which elements are in active cells (a bool array of the shape), or None when the field
+        is below no sparse node."""
+        if self._tree is None:
+            return None
+        from .snode import active_mask_host
+
+        return active_mask_host(self)
+
     def _host_view(self) -> np.ndarray:
         """A blocked layout's buffer with each axis's levels side by side (outer first), so that
         reshaping it to the field's shape gives the elements in index order."""

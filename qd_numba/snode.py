@@ -24,7 +24,15 @@ first used — read, written or compiled into a kernel; using any field of the d
 (``qd.root``) also closes that root: later ``qd.root.dense(...)`` calls start a new tree, as
 Quadrants starts a new ``FieldsBuilder`` at each kernel launch. Placing under a node of a
 materialised tree and placing a field twice are ``QuadrantsRuntimeError``s naming the field and
-the line. Only dense nodes exist (``pointer``/``bitmasked``/``dynamic`` are not supported).
+the line.
+
+Sparse nodes are stored densely, at full size: a ``bitmasked`` or ``pointer`` node's cells
+all take memory, and a hidden i32 field in the same tree holds one activity flag per cell (a
+dense sibling node of the same shape); a ``dynamic`` node is stored at its capacity, with a
+hidden i32 length per cell of its parent. The first field placed below a sparse node places
+these flags. Kernels keep them up to date (passes/sparse.py: stores activate, struct-fors test
+them); a python-scope store activates too (``activate_host``). Deactivation zero-fills the
+cells' data, so an inactive cell reads 0.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import sys
 
 import numpy as np
 
-from . import dtypes
+from . import config, dtypes
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 
 
@@ -78,7 +86,10 @@ def _field_label(f) -> str:
 
 
 class SNode:
-    """A node of a tree: ``kind`` is ``"root"``, ``"dense"`` or ``"place"`` (a placed field)."""
+    """A node of a tree: ``kind`` is ``"root"``, ``"dense"``, ``"bitmasked"``, ``"pointer"``,
+    ``"dynamic"`` or ``"place"`` (a placed field)."""
+
+    _flags = None    # a sparse node's hidden i32 field: activity flags (bitmasked, pointer) or lengths (dynamic)
 
     def __init__(self, tree: Tree, kind: str, parent: SNode | None, axes_=(), sizes=(), field=None):
         self._tree, self._kind, self._parent = tree, kind, parent
@@ -90,21 +101,56 @@ class SNode:
     def dense(self, axes_, dimensions) -> SNode:
         """A child array of cells over ``axes_`` (``qd.ij``), ``dimensions`` per axis (an int: the
         same for each)."""
+        return self._child("dense", axes_, dimensions)
+
+    def bitmasked(self, axes_, dimensions) -> SNode:
+        """A child array of cells, each active or not (one activity flag per cell, in the tree's
+        buffer): a store activates a cell, a struct-for visits only active cells."""
+        return self._child("bitmasked", axes_, dimensions)
+
+    def pointer(self, axes_, dimensions) -> SNode:
+        """As ``bitmasked`` for programs: stored densely with an activity flag per cell, so an
+        inactive cell takes memory as an active one does."""
+        return self._child("pointer", axes_, dimensions)
+
+    def dynamic(self, axis, dimension, chunk_size=None) -> SNode:
+        """A list of up to ``dimension`` cells along one axis per cell of this node, with a length
+        (``qd.append``, ``qd.length``); stored densely at its capacity (``chunk_size`` is accepted
+        and has no effect)."""
+        axes_ = [axis] if isinstance(axis, Axis) else list(axis)
+        if len(axes_) != 1:
+            raise QuadrantsTypeError(f"dynamic at {_user_site()}: a dynamic node has one axis, got {axes_}")
+        return self._child("dynamic", axes_, dimension)
+
+    def _child(self, kind: str, axes_, dimensions) -> SNode:
         axes_ = [axes_] if isinstance(axes_, Axis) else list(axes_)
         if isinstance(dimensions, numbers.Integral):
             dimensions = [int(dimensions)] * len(axes_)
         dimensions = [int(d) for d in dimensions]
         if not axes_ or len(dimensions) != len(axes_) or not all(isinstance(a, Axis) for a in axes_):
-            raise QuadrantsTypeError(f"dense(axes, dimensions): give one dimension per axis, got axes {axes_} and "
+            raise QuadrantsTypeError(f"{kind}(axes, dimensions): give one dimension per axis, got axes {axes_} and "
                                      f"dimensions {dimensions} ({_user_site()})")
         if any(d <= 0 for d in dimensions):
-            raise QuadrantsTypeError(f"dense: dimensions must be positive, got {dimensions} ({_user_site()})")
-        self._check_open("dense")
+            raise QuadrantsTypeError(f"{kind}: dimensions must be positive, got {dimensions} ({_user_site()})")
+        self._check_open(kind)
         if len({a.index for a in axes_}) != len(axes_):
-            raise QuadrantsTypeError(f"dense at {_user_site()}: an axis appears twice in {axes_}")
-        node = SNode(self._tree, "dense", self, [a.index for a in axes_], dimensions)
+            raise QuadrantsTypeError(f"{kind} at {_user_site()}: an axis appears twice in {axes_}")
+        node = SNode(self._tree, kind, self, [a.index for a in axes_], dimensions)
         self._children.append(node)
         return node
+
+    def _give_flags(self, make) -> None:
+        """Place the hidden flags of this sparse node (``make(name)`` makes an i32 field): for
+        ``bitmasked``/``pointer`` one activity flag per cell, in a dense sibling of the same shape;
+        for ``dynamic`` one length per cell of its parent, placed in the parent."""
+        if self._kind == "dynamic":
+            self._flags = make("length of a dynamic SNode")
+            self._parent.place(self._flags)
+            return
+        holder = SNode(self._tree, "dense", self._parent, self._axes, self._sizes)
+        self._parent._children.append(holder)
+        self._flags = make(f"activity of a {self._kind} SNode")
+        holder.place(self._flags)
 
     def place(self, *fields, offset=None) -> SNode:
         """Place fields (or lists of fields) in this node's cells; ``offset`` shifts their indices."""
@@ -123,6 +169,9 @@ class SNode:
             node = SNode(self._tree, "place", self, field=f)
             f._place(node, shape, offset, site)
             self._children.append(node)
+            for sparse in sparse_ancestors(self):   # the first field below a sparse node gives it flags
+                if sparse._flags is None:
+                    sparse._give_flags(f._hidden_i32)
         return self
 
     def lazy_grad(self) -> None:
@@ -142,7 +191,9 @@ class SNode:
                     node._parent.place(partner, offset=node._field.offset)
 
     def deactivate_all(self) -> None:
-        """Deactivate every cell below: dense cells are always active, so nothing changes."""
+        """Deactivate every cell of the sparse nodes at and below this one (dense cells are always
+        active): their fields read 0 again, dynamic lengths are 0."""
+        deactivate_all(self)
 
     # -- queries ----------------------------------------------------------------------
     def parent(self, n: int = 1):
@@ -205,6 +256,7 @@ class Tree:
         self.materialized = True
         if _root._builder.tree is self:
             _root._builder = FieldsBuilder()
+            _root_trees.append(self)
         size, _ = _cell_size(self.root)
         self.base = np.zeros(max(size, 1), np.uint8)
         for node, (offset, strides) in _placements(self.root, 0, {}).items():
@@ -256,6 +308,96 @@ class Tree:
         """After host-side writes: send the bytes to the device (CUDA)."""
         if self._dev is not None:
             self._dev.copy_to_device(self.base)
+
+
+SPARSE_KINDS = ("bitmasked", "pointer", "dynamic")
+_root_trees: list[Tree] = []    # the materialised trees built from qd.root (qd.root.deactivate_all())
+
+
+def sparse_ancestors(node: SNode) -> list[SNode]:
+    """The sparse nodes on the path from the root to ``node``, outermost first."""
+    out = []
+    while node is not None:
+        if node._kind in SPARSE_KINDS:
+            out.append(node)
+        node = node._parent
+    return out[::-1]
+
+
+def cell_digits(node: SNode, field) -> list[tuple[int, int, int]]:
+    """How an index of ``field`` (placed below ``node``) gives the index of ``node``'s cell: per
+    axis of ``node.shape``, (position of the axis in the field's index, the field's offset on it,
+    the divisor: the cells of the levels below ``node`` on that axis)."""
+    field_levels, node_levels = field._snode._levels(), node._levels()
+    ranks = {a: k for k, a in enumerate(sorted({a for a, _ in field_levels}))}
+    divisors = {a: 1 for a, _ in node_levels}
+    for a, n in field_levels[len(node_levels):]:
+        if a in divisors:
+            divisors[a] *= n
+    offset = field.offset or (0,) * len(ranks)
+    return [(ranks[a], offset[ranks[a]], divisors[a]) for a in sorted(divisors)]
+
+
+def dynamic_position(node: SNode, field) -> tuple[int, int, int, int]:
+    """(position in the field's index, offset, divisor, capacity): a field index's place in the
+    list of the dynamic ``node`` above it is ``(i - offset) // divisor % capacity``."""
+    axis = node._axes[0]
+    for rank, off, div in cell_digits(node, field):
+        if rank == sorted({a for a, _ in field._snode._levels()}).index(axis):
+            return rank, off, div, node._sizes[0]
+    raise AssertionError("a dynamic node's axis is on the path of the fields below it")
+
+
+def activate_host(field, idx: tuple) -> None:
+    """After a python-scope store of ``field[idx]`` (``idx`` without the offset): activate the
+    cells of the sparse nodes above it (a dynamic list grows to hold the index)."""
+    for node in sparse_ancestors(field._snode):
+        if node._kind == "dynamic":
+            rank, _, div, cap = dynamic_position(node, field)
+            where = tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node._parent, field))
+            length = node._flags[where or None]
+            node._flags[where or None] = max(length, (idx[rank] % field.shape[rank]) // div % cap + 1)
+        else:
+            where = tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node, field))
+            node._flags[where] = 1
+
+
+def activate_all_host(field) -> None:
+    """After python scope wrote every element of ``field``: every cell above it is active, every
+    dynamic list above it full."""
+    for node in sparse_ancestors(field._snode):
+        node._flags._fill_plain(node._sizes[0] if node._kind == "dynamic" else 1)
+
+
+def active_mask_host(field):
+    """A bool array of ``field.shape``: whether each element lies in active cells of every sparse
+    node above it (within the length of a dynamic one); None below no sparse node."""
+    nodes = sparse_ancestors(field._snode)
+    if not nodes:
+        return None
+    idx = np.indices(field.shape)
+    mask = np.ones(field.shape, bool)
+    for node in nodes:
+        flags = node._flags.to_numpy()
+        if node._kind == "dynamic":
+            rank, _, div, cap = dynamic_position(node, field)
+            cell = tuple(idx[r] // d for r, _, d in cell_digits(node._parent, field))
+            mask &= idx[rank] // div % cap < (flags[cell] if cell else flags)
+        else:
+            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] != 0
+    return mask
+
+
+def deactivate_all(node: SNode) -> None:
+    """Zero the data and the flags of every sparse node at or below ``node``."""
+    if not node._tree.materialized:
+        return   # nothing was stored yet
+    for sparse in node._walk():
+        if sparse._kind in SPARSE_KINDS and sparse._flags is not None:
+            for below in sparse._walk():
+                if below._kind == "place":
+                    below._field._fill_plain(0)    # Field.fill would activate
+            sparse._flags._fill_plain(0)
 
 
 def _numpy_dtype(f):
@@ -313,7 +455,7 @@ def _axis_strides(place: SNode) -> tuple[int, ...]:
     strides: dict[int, int] = {}
     levels: list[int] = []
     path, node = [], place._parent
-    while node is not None and node._kind == "dense":
+    while node is not None and node._kind != "root":
         path.append(node)
         node = node._parent
     for node in reversed(path):
@@ -377,7 +519,12 @@ class _Root:
         return None
 
     def deactivate_all(self) -> None:
-        """Dense cells are always active: nothing to do."""
+        """Deactivate every sparse cell of the trees built from ``qd.root`` so far."""
+        for tree in list(_root_trees):
+            if any(f._runtime is not None and f._runtime is not config.current for f in tree._fields):
+                _root_trees.remove(tree)    # released by a later qd.init()/qd.reset()
+                continue
+            deactivate_all(tree.root)
 
     def __repr__(self):
         return "qd.root"
@@ -429,3 +576,35 @@ i, j, k, l = axes(0), axes(1), axes(2), axes(3)  # noqa: E741  (Quadrants' names
 ij, ik, il, jk, jl, kl = axes(0, 1), axes(0, 2), axes(0, 3), axes(1, 2), axes(1, 3), axes(2, 3)
 ijk, ijl, ikl, jkl = axes(0, 1, 2), axes(0, 1, 3), axes(0, 2, 3), axes(1, 2, 3)
 ijkl = axes(0, 1, 2, 3)
+
+
+def _kernel_only(name: str):
+    raise QuadrantsSyntaxError(f"qd.{name}() is called inside kernels (or qd.func functions), not in python scope")
+
+
+def is_active(node, indices):
+    """``qd.is_active(node, I)`` (in kernels): whether the cell ``I`` of a bitmasked or pointer node
+    is active, as 1 or 0."""
+    _kernel_only("is_active")
+
+
+def activate(node, indices):
+    """``qd.activate(node, I)`` (in kernels): activate the cell ``I`` of a bitmasked or pointer node."""
+    _kernel_only("activate")
+
+
+def deactivate(node, indices):
+    """``qd.deactivate(node, I)`` (in kernels): deactivate the cell ``I``; the fields placed directly
+    under ``node`` read 0 there again."""
+    _kernel_only("deactivate")
+
+
+def append(node, indices, val):
+    """``qd.append(node, I, v)`` (in kernels): add ``v`` at the end of the list ``I`` of a dynamic
+    node (atomically); returns its position."""
+    _kernel_only("append")
+
+
+def length(node, indices):
+    """``qd.length(node, I)`` (in kernels): the length of the list ``I`` of a dynamic node."""
+    _kernel_only("length")

@@ -2,8 +2,9 @@
 
 :class:`Extension` (``qd.extension``) names Quadrants' optional features; :data:`SUPPORTED_EXTENSIONS`
 says honestly which ones qd_numba has on each arch: 64-bit data types, the autodiff stack
-(loops of runtime length in gradient kernels) and kernel assertions (``debug=True``). It has no
-sparse SNodes, quantised types, meshes, block-local storage or external functions.
+(loops of runtime length in gradient kernels), kernel assertions (``debug=True``) and sparse
+SNodes (stored densely, snode.py). It has no quantised types, meshes, block-local storage or
+external functions.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Extension(enum.IntEnum):
 
 
 extension = Extension
-_HOST_FEATURES = frozenset({Extension.data64, Extension.adstack, Extension.assertion})
+_HOST_FEATURES = frozenset({Extension.data64, Extension.adstack, Extension.assertion, Extension.sparse})
 SUPPORTED_EXTENSIONS = {cpu: _HOST_FEATURES, x64: _HOST_FEATURES, arm64: _HOST_FEATURES, cuda: _HOST_FEATURES,
                         gpu: _HOST_FEATURES}
 """arch -> the extensions qd_numba has there (Quadrants' other backends: none)."""

@@ -31,6 +31,7 @@ from .reductions import ReduceAtomics
 from .resolve_globals import CheckGlobals, ResolveGlobals
 from .return_rules import ReturnRules
 from .rewrite_subscripts import RewriteSubscripts
+from .sparse import RewriteSparse
 from .structs import RewriteStructs
 from .verify import verify_final, verify_ir
 
@@ -52,8 +53,8 @@ UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
     Stage("compile-time evaluation", (RewriteStructs, ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic,
                                       RemoveDeadPure), fixed_point=True),
-    Stage("rewrites", (CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSubscripts, CheckReadonlyWrites,
-                       DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
+    Stage("rewrites", (CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSparse, RewriteSubscripts,
+                       CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode)),
 )

@@ -1,0 +1,418 @@
+"""Sparse SNodes (qd_numba/snode.py, passes/sparse.py): bitmasked, pointer, dynamic.
+
+Random activation patterns against numpy: stores activate cells, struct-fors visit active cells
+only, inactive cells read 0, deactivation zero-fills, dynamic lists grow by concurrent appends.
+"""
+
+import numpy as np
+import pytest
+
+import qd_numba as qd
+from qd_numba.errors import QuadrantsSyntaxError
+
+N, B = 12, 4   # cells per axis; a pointer block's side
+
+
+@pytest.mark.parametrize("kind", ["bitmasked", "pointer"])
+def test_store_activates_and_struct_for_visits_active_cells(kind, rng):
+    x = qd.field(qd.f32)
+    getattr(qd.root, kind)(qd.ij, (N, N)).place(x)
+    count = qd.field(qd.i32, shape=())
+    total = qd.field(qd.f32, shape=())
+    seen = qd.field(qd.i32, shape=(N, N))
+
+    @qd.kernel
+    def write(mask: qd.types.ndarray(), vals: qd.types.ndarray()):
+        for i, j in qd.ndrange(N, N):
+            if mask[i, j]:
+                x[i, j] = vals[i, j]
+
+    @qd.kernel
+    def visit():
+        for i, j in x:
+            count[None] += 1
+            total[None] += x[i, j]
+            seen[i, j] = 1
+
+    mask = (rng.random((N, N)) < 0.3).astype(np.int32)
+    vals = rng.uniform(1, 2, (N, N)).astype(np.float32)
+    write(mask, vals)
+    visit()
+    assert count[None] == mask.sum()
+    np.testing.assert_array_equal(seen.to_numpy(), mask)
+    np.testing.assert_allclose(total[None], (vals * mask).sum(), rtol=1e-5)
+    np.testing.assert_array_equal(x.to_numpy(), vals * mask)   # inactive cells read 0
+
+
+@pytest.mark.parametrize("kind", ["bitmasked", "pointer"])
+def test_activate_deactivate_is_active(kind, rng):
+    x = qd.field(qd.i32)
+    node = getattr(qd.root, kind)(qd.i, N)
+    node.place(x)
+    flags = qd.field(qd.i32, shape=N)
+
+    @qd.kernel
+    def set_all(vals: qd.types.ndarray()):
+        for i in range(N):
+            x[i] = vals[i]
+
+    @qd.kernel
+    def change(on: qd.types.ndarray(), off: qd.types.ndarray()):
+        for i in range(N):
+            if on[i]:
+                qd.activate(node, i)
+            if off[i]:
+                qd.deactivate(node, i)
+
+    @qd.kernel
+    def query():
+        for i in range(N):
+            flags[i] = qd.is_active(node, i)
+
+    @qd.kernel
+    def visited():
+        for i in x:
+            flags[i] += 10
+
+    vals = rng.integers(1, 100, N).astype(np.int32)
+    set_all(vals)
+    off = (rng.random(N) < 0.5).astype(np.int32)
+    change(np.zeros(N, np.int32), off)
+    query()
+    np.testing.assert_array_equal(flags.to_numpy(), 1 - off)
+    np.testing.assert_array_equal(x.to_numpy(), vals * (1 - off))   # deactivation zero-fills
+    on = off * (rng.random(N) < 0.5)
+    change(on.astype(np.int32), np.zeros(N, np.int32))   # active again, still zero
+    query()
+    visited()
+    active = (1 - off) | on
+    np.testing.assert_array_equal(flags.to_numpy(), active * 11)
+    np.testing.assert_array_equal(x.to_numpy(), vals * (1 - off))
+
+
+def test_pointer_blocks_and_deactivate_all(rng):
+    x = qd.field(qd.f32)
+    v = qd.Vector.field(2, qd.f32)
+    block = qd.root.pointer(qd.ij, (N // B, N // B))
+    block.dense(qd.ij, (B, B)).place(x, v)
+    count = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def scatter(pts: qd.types.ndarray(), vals: qd.types.ndarray()):
+        for p in range(pts.shape[0]):
+            x[pts[p, 0], pts[p, 1]] += vals[p]
+
+    @qd.kernel
+    def visit():
+        for i, j in x:
+            count[None] += 1
+            v[i, j] = qd.Vector([i, j])
+
+    pts = rng.integers(0, N, (7, 2)).astype(np.int32)
+    vals = rng.uniform(1, 2, 7).astype(np.float32)
+    scatter(pts, vals)
+    expect = np.zeros((N, N), np.float32)
+    np.add.at(expect, (pts[:, 0], pts[:, 1]), vals)
+    np.testing.assert_allclose(x.to_numpy(), expect, rtol=1e-6)
+    blocks = {(i // B, j // B) for i, j in pts}
+    visit()
+    assert count[None] == len(blocks) * B * B     # every cell of an active block
+    touched = np.zeros((N, N), bool)
+    for bi, bj in blocks:
+        touched[bi * B:(bi + 1) * B, bj * B:(bj + 1) * B] = True
+    ii, jj = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
+    np.testing.assert_array_equal(v.to_numpy(), np.stack([ii, jj], -1) * touched[..., None])
+    block.deactivate_all()
+    count[None] = 0
+    visit()
+    assert count[None] == 0
+    assert not x.to_numpy().any() and not v.to_numpy().any()
+
+
+def test_python_scope_store_activates_and_root_deactivate_all(rng):
+    x = qd.field(qd.i32)
+    qd.root.dense(qd.i, 3).bitmasked(qd.j, N).place(x)
+    seen = qd.field(qd.i32, shape=(3, N))
+
+    @qd.kernel
+    def visit():
+        for i, j in x:
+            seen[i, j] = x[i, j]
+
+    cells = {(int(rng.integers(3)), int(rng.integers(N))) for _ in range(6)}
+    expect = np.zeros((3, N), np.int32)
+    for i, j in cells:
+        x[i, j] = 5 + i * N + j
+        expect[i, j] = 5 + i * N + j
+    visit()
+    np.testing.assert_array_equal(seen.to_numpy(), expect)
+    qd.root.deactivate_all()
+    seen.fill(0)
+    visit()
+    assert not seen.to_numpy().any()
+
+
+def test_dynamic_concurrent_appends(rng):
+    L, CAP = 5, 64
+    x = qd.field(qd.i32)
+    lists = qd.root.dense(qd.i, L).dynamic(qd.j, CAP)
+    lists.place(x)
+    lengths = qd.field(qd.i32, shape=L)
+    sums = qd.field(qd.i32, shape=L)
+
+    @qd.kernel
+    def push(which: qd.types.ndarray(), vals: qd.types.ndarray()):
+        for p in range(which.shape[0]):
+            qd.append(lists, which[p], vals[p])
+
+    @qd.kernel
+    def stats():
+        for i in range(L):
+            lengths[i] = qd.length(lists, i)
+        for i, j in x:
+            sums[i] += x[i, j]
+
+    which = rng.integers(0, L, 150).astype(np.int32)
+    vals = rng.integers(1, 1000, 150).astype(np.int32)
+    push(which, vals)
+    stats()
+    counts = np.bincount(which, minlength=L)
+    np.testing.assert_array_equal(lengths.to_numpy(), counts)
+    np.testing.assert_array_equal(sums.to_numpy(), np.bincount(which, vals, minlength=L).astype(np.int32))
+    data = x.to_numpy()
+    for i in range(L):   # order-independent: each list holds its values, in some order
+        np.testing.assert_array_equal(np.sort(data[i, :counts[i]]), np.sort(vals[which == i]))
+        assert not data[i, counts[i]:].any()
+    x.parent().deactivate_all()
+    sums.fill(0)
+    stats()
+    assert not lengths.to_numpy().any() and not sums.to_numpy().any()
+
+
+def test_dynamic_store_grows_length(rng):
+    x = qd.field(qd.f32)
+    qd.root.dynamic(qd.i, 32).place(x)
+    n = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def store(k: qd.i32, val: qd.f32):
+        x[k] = val
+
+    @qd.kernel
+    def get():
+        n[None] = qd.length(x.parent(), [])
+
+    k = int(rng.integers(3, 20))
+    store(k, 1.5)
+    store(1, 2.5)
+    get()
+    assert n[None] == k + 1
+
+
+def test_sparse_calls_errors():
+    x = qd.field(qd.f32)
+    node = qd.root.bitmasked(qd.i, 4)
+    node.place(x)
+    with pytest.raises(QuadrantsSyntaxError, match="inside kernels"):
+        qd.is_active(node, 0)
+
+    @qd.kernel
+    def wrong():
+        qd.append(node, 0, 1.0)
+
+    with pytest.raises(QuadrantsSyntaxError, match="dynamic SNode"):
+        wrong()
+
+
+def test_grouped_struct_for_with_offset(rng):
+    x = qd.field(qd.f32)
+    node = qd.root.bitmasked(qd.ij, (6, 6))
+    node.place(x, offset=(-2, 3))
+    flags = qd.field(qd.i32, shape=(6, 6))
+
+    @qd.kernel
+    def write(pts: qd.types.ndarray(), vals: qd.types.ndarray()):
+        for p in range(pts.shape[0]):
+            x[pts[p, 0] - 2, pts[p, 1] + 3] = vals[p]
+
+    @qd.kernel
+    def bump():
+        for idx in qd.grouped(x):
+            x[idx] += 10.0
+        for i, j in qd.ndrange(6, 6):
+            flags[i, j] = qd.is_active(node, [i, j])
+
+    cells = rng.choice(36, 5, replace=False)
+    pts = np.stack([cells // 6, cells % 6], -1).astype(np.int32)
+    vals = rng.uniform(1, 2, 5).astype(np.float32)
+    write(pts, vals)
+    bump()
+    active = np.zeros((6, 6), np.int32)
+    active[pts[:, 0], pts[:, 1]] = 1
+    expect = np.zeros((6, 6), np.float32)
+    expect[pts[:, 0], pts[:, 1]] = vals + 10
+    np.testing.assert_array_equal(flags.to_numpy(), active)
+    np.testing.assert_allclose(x.to_numpy(), expect, rtol=1e-6)
+    assert x[pts[0, 0] - 2, pts[0, 1] + 3] == pytest.approx(vals[0] + 10)
+
+
+def test_gradient_over_active_cells(rng):
+    y = qd.field(qd.f32, needs_grad=True)
+    qd.root.bitmasked(qd.i, N).place(y)
+    qd.root.lazy_grad()
+    loss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def f():
+        for i in y:
+            loss[None] += y[i] * y[i]
+
+    cells = sorted({int(c) for c in rng.integers(0, N, 4)})
+    vals = rng.uniform(-2, 2, len(cells)).astype(np.float32)
+    for c, v in zip(cells, vals):
+        y[c] = v
+    with qd.ad.Tape(loss):
+        f()
+    expect = np.zeros(N, np.float32)
+    expect[cells] = 2 * vals
+    np.testing.assert_allclose(y.grad.to_numpy(), expect, rtol=1e-6)
+    np.testing.assert_allclose(loss[None], (vals * vals).sum(), rtol=1e-5)
+
+
+def test_dynamic_append_past_capacity_is_dropped(rng):
+    x = qd.field(qd.i32)
+    lists = qd.root.dense(qd.i, 3).dynamic(qd.j, 8)
+    lists.place(x)
+    n = qd.field(qd.i32, shape=3)
+
+    @qd.kernel
+    def push(vals: qd.types.ndarray()):
+        for p in range(vals.shape[0]):
+            qd.append(lists, 1, vals[p])
+        for i in range(3):
+            n[i] = qd.length(lists, i)
+
+    vals = rng.choice(1000, 20, replace=False).astype(np.int32) + 1
+    push(vals)
+    np.testing.assert_array_equal(n.to_numpy(), [0, 8, 0])
+    data = x.to_numpy()
+    assert set(data[1]) <= set(vals) and len(set(data[1])) == 8   # 8 of the appended values
+    assert not data[0].any() and not data[2].any()                 # the neighbours untouched
+
+
+def test_deactivate_zero_fills_a_block(rng):
+    x = qd.field(qd.f32)
+    v = qd.Vector.field(2, qd.i32)
+    block = qd.root.pointer(qd.i, N // B)
+    block.dense(qd.ij, (B, 3)).place(x, v)
+    count = qd.field(qd.i32, shape=())
+
+    @qd.kernel
+    def fill(vals: qd.types.ndarray()):
+        for i, j in qd.ndrange(N, 3):
+            x[i, j] = vals[i, j]
+            v[i, j] = qd.Vector([i, j + 1])
+
+    @qd.kernel
+    def drop(b: qd.i32):
+        qd.deactivate(block, b)
+
+    @qd.kernel
+    def visit():
+        for _i, _j in x:
+            count[None] += 1
+
+    vals = rng.uniform(1, 2, (N, 3)).astype(np.float32)
+    fill(vals)
+    b = int(rng.integers(N // B))
+    drop(b)
+    visit()
+    assert count[None] == (N // B - 1) * B * 3
+    keep = np.ones(N, bool)
+    keep[b * B:(b + 1) * B] = False
+    np.testing.assert_array_equal(x.to_numpy(), vals * keep[:, None])
+    ii, jj = np.meshgrid(np.arange(N), np.arange(3), indexing="ij")
+    np.testing.assert_array_equal(v.to_numpy(), np.stack([ii, jj + 1], -1) * keep[:, None, None])
+
+
+def test_from_numpy_and_fill_activate_every_cell(rng):
+    x = qd.field(qd.f32)
+    node = qd.root.bitmasked(qd.i, N)
+    node.place(x)
+    d = qd.field(qd.i32)
+    qd.root.dense(qd.i, 2).dynamic(qd.j, 5).place(d)
+    count = qd.field(qd.i32, shape=2)
+
+    @qd.kernel
+    def visit():
+        for _i in x:
+            count[0] += 1
+        for _i, _j in d:
+            count[1] += 1
+
+    X = rng.uniform(1, 2, N).astype(np.float32)
+    x.from_numpy(X)
+    D = rng.integers(1, 9, (2, 5)).astype(np.int32)
+    d.from_numpy(D)
+    visit()
+    np.testing.assert_array_equal(count.to_numpy(), [N, 2 * 5])
+    np.testing.assert_array_equal(x.to_numpy(), X)
+    np.testing.assert_array_equal(d.to_numpy(), D)
+    node.deactivate_all()
+    count.fill(0)
+    visit()
+    np.testing.assert_array_equal(count.to_numpy(), [0, 10])
+
+
+def test_fill_writes_active_cells_only(rng):
+    x = qd.field(qd.f32)
+    qd.root.bitmasked(qd.i, N).place(x)
+    d = qd.field(qd.i32)
+    lists = qd.root.dense(qd.i, 3).dynamic(qd.j, 6)
+    lists.place(d)
+
+    @qd.kernel
+    def grow(which: qd.types.ndarray()):
+        for p in range(which.shape[0]):
+            qd.append(lists, which[p], 1)
+
+    active = rng.random(N) < 0.5
+    for i in np.flatnonzero(active):
+        x[i] = 1.0
+    x.fill(7.0)
+    np.testing.assert_array_equal(x.to_numpy(), 7.0 * active)
+    which = rng.integers(0, 3, 8).astype(np.int32)
+    grow(which)
+    d.fill(4)
+    lengths = np.minimum(np.bincount(which, minlength=3), 6)
+    np.testing.assert_array_equal(d.to_numpy(), 4 * (np.arange(6)[None, :] < lengths[:, None]))
+
+
+def test_gradient_through_stores_below_a_sparse_node(rng):
+    y, z = qd.field(qd.f32, needs_grad=True), qd.field(qd.f32, needs_grad=True)
+    qd.root.bitmasked(qd.i, N).place(y, z)
+    qd.root.lazy_grad()
+    loss = qd.field(qd.f32, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def scale():
+        for i in y:
+            z[i] = y[i] * 3.0
+
+    @qd.kernel
+    def total():
+        for i in z:
+            loss[None] += z[i] * z[i]
+
+    cells = sorted({int(c) for c in rng.integers(0, N, 4)})
+    vals = rng.uniform(-2, 2, len(cells)).astype(np.float32)
+    for c, v in zip(cells, vals):
+        y[c] = v
+    with qd.ad.Tape(loss):
+        scale()
+        total()
+    expect = np.zeros(N, np.float32)
+    expect[cells] = 18 * vals
+    np.testing.assert_allclose(y.grad.to_numpy(), expect, rtol=1e-5)
+    np.testing.assert_allclose(z.to_numpy()[cells], 3 * vals, rtol=1e-6)
+    np.testing.assert_allclose(loss[None], 9 * (vals * vals).sum(), rtol=1e-5)

@@ -89,11 +89,14 @@ class CpuKernel(KernelBackend):
               "matrix_argument": matrix_argument, "struct_argument": struct_argument,
               "instances": self.instances, "backend": self,
               "ndarray": np.ndarray, "host_array": host_array,
-              "next_generation": next_generation, "bump_buffers": bump_buffers}
+              "next_generation": next_generation}
         lines, names = kernel.caller_prologue(ns)
+        originals = [p.name for p in kernel.signature.parameters.values()]   # bound before conversion
         lines.append("    try:")
-        key_items, runtime = [], []
-        for name, p in zip(names, kernel.params):
+        key_items, runtime, runtime_objects = [], [], []
+        for name, original, p in zip(names, originals, kernel.params):
+            if p.kind != "template":
+                runtime_objects.append((original, p.kind))
             if p.kind == "ndarray":
                 # numpy arrays pass with one type check; anything else becomes the numpy view
                 # of its memory (host_array)
@@ -122,11 +125,13 @@ class CpuKernel(KernelBackend):
         lines += [f"        inst = instances[{key}]",
                   "    except (KeyError, TypeError, ValueError, NotImplementedError):",
                   f"        return backend.slow_call({', '.join(names)})",
-                  # new write generations for what the launch writes (adstack sizes are cached on them)
-                  "    for f in inst.written:",
-                  "        f._gen = next_generation()",
-                  "    if inst.written_args:",
-                  f"        bump_buffers(inst.written_args, ({''.join(f'{r}, ' for r in runtime)}))",
+                  # new write generations for what the launch writes (adstack sizes are cached on
+                  # them): the fields, and the qd.ndarray arguments (numpy arrays have none)
+                  "    if inst.written:",
+                  "        for f in inst.written:",
+                  "            f._gen = next_generation()",
+                  *(f"    if type({obj}) is Ndarray and {k} in inst.written_args: {obj}._gen = next_generation()"
+                    for k, (obj, kind) in enumerate(runtime_objects) if kind == "ndarray"),
                   "    try:",
                   f"        return inst.entry({''.join(f'{r}, ' for r in runtime)}*inst.hidden)",
                   "    except Exception as e:",

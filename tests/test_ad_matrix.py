@@ -7,26 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_autodiff import _central_differences
 
 import qd_numba as qd
 from qd_numba.ops.matrix_methods import MATRIX_METHODS
 
 N = 6
-
-
-def _differences(f, xs, eps=1e-6):
-    """d f / d xs[k] for every input array k (any shape), by central differences."""
-    grads = []
-    for k, x in enumerate(xs):
-        g = np.zeros(x.size)
-        for j in range(x.size):
-            up = [a.copy() for a in xs]
-            down = [a.copy() for a in xs]
-            up[k].reshape(-1)[j] += eps
-            down[k].reshape(-1)[j] -= eps
-            g[j] = (f(*up) - f(*down)) / (2 * eps)
-        grads.append(g.reshape(x.shape))
-    return grads
 
 
 def _check(kernel, fields, values, loss, reference, rtol=1e-6):
@@ -35,7 +21,7 @@ def _check(kernel, fields, values, loss, reference, rtol=1e-6):
     with qd.ad.Tape(loss=loss):
         kernel()
     np.testing.assert_allclose(loss[None], reference(*values), rtol=1e-8)
-    for f, g in zip(fields, _differences(reference, [v.copy() for v in values])):
+    for f, g in zip(fields, _central_differences(reference, [v.copy() for v in values])):
         np.testing.assert_allclose(f.grad.to_numpy(), g, rtol=rtol, atol=1e-8)
 
 

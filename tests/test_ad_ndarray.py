@@ -8,27 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_autodiff import _central_differences
 
 import qd_numba as qd
 
 N = 7
 vec3 = qd.types.vector(3, qd.f64)
 mat2 = qd.types.matrix(2, 2, qd.f64)
-
-
-def _differences(f, xs, eps=1e-6):
-    """d f / d xs[k] for every input array k (any shape), by central differences."""
-    grads = []
-    for k, x in enumerate(xs):
-        g = np.zeros(x.size)
-        for j in range(x.size):
-            up = [a.copy() for a in xs]
-            down = [a.copy() for a in xs]
-            up[k].reshape(-1)[j] += eps
-            down[k].reshape(-1)[j] -= eps
-            g[j] = (f(*up) - f(*down)) / (2 * eps)
-        grads.append(g.reshape(x.shape))
-    return grads
 
 
 def test_one_dimensional_read_only_and_written_arguments(rng):
@@ -55,7 +41,7 @@ def test_one_dimensional_read_only_and_written_arguments(rng):
         forward(x, y)
         total(y)
     np.testing.assert_allclose(loss[None], reference(xv), rtol=1e-12)
-    np.testing.assert_allclose(x.grad.to_numpy(), _differences(reference, [xv])[0], rtol=1e-6)
+    np.testing.assert_allclose(x.grad.to_numpy(), _central_differences(reference, [xv])[0], rtol=1e-6)
     np.testing.assert_allclose(y.grad.to_numpy(), 2 * y.to_numpy(), rtol=1e-12)
 
 
@@ -82,7 +68,7 @@ def test_argument_read_and_written_by_one_kernel_with_fields(rng):
     w.from_numpy(wv)
     with qd.ad.Tape(loss=loss):
         layer(x, h)
-    gx, gw = _differences(reference, [xv, wv])
+    gx, gw = _central_differences(reference, [xv, wv])
     np.testing.assert_allclose(loss[None], reference(xv, wv), rtol=1e-12)
     np.testing.assert_allclose(x.grad.to_numpy(), gx, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(w.grad.to_numpy(), gw, rtol=1e-6, atol=1e-9)
@@ -112,7 +98,7 @@ def test_two_dimensional_with_constant_arguments(rng):
     loss.grad[None] = 2.0
     energy.grad(a, b, cv)
     np.testing.assert_allclose(loss[None], reference(av, bv, cv), rtol=1e-12)
-    expected = start + 2.0 * _differences(reference, [av, bv, cv])[0]
+    expected = start + 2.0 * _central_differences(reference, [av, bv, cv])[0]
     np.testing.assert_allclose(a.grad.to_numpy(), expected, rtol=1e-6, atol=1e-9)
     np.testing.assert_array_equal(b.to_numpy(), bv)     # a constant: no gradient, unchanged
     assert b.grad is None
@@ -149,7 +135,7 @@ def test_vector_ndarrays_and_atomic_adds(rng):
         gather(p, acc)
         total(acc)
     np.testing.assert_allclose(loss[None], reference(pv), rtol=1e-12)
-    np.testing.assert_allclose(p.grad.to_numpy(), _differences(reference, [pv])[0], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(p.grad.to_numpy(), _central_differences(reference, [pv])[0], rtol=1e-6, atol=1e-9)
 
 
 def test_only_the_arguments_with_gradients_get_them(rng):
@@ -249,7 +235,7 @@ def test_loops_inside_the_task_and_matrix_ndarrays(rng):
     m.from_numpy(mv)
     with qd.ad.Tape(loss=loss):
         chain(x, m, 5)
-    gx, gm = _differences(reference, [xv, mv])
+    gx, gm = _central_differences(reference, [xv, mv])
     np.testing.assert_allclose(loss[None], reference(xv, mv), rtol=1e-12)
     np.testing.assert_allclose(x.grad.to_numpy(), gx, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(m.grad.to_numpy(), gm, rtol=1e-6, atol=1e-9)

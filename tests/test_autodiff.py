@@ -17,17 +17,17 @@ N = 16
 
 
 def _central_differences(f, xs, eps=1e-6):
-    """d f / d xs[k][j] for every input array k, element j."""
+    """d f / d xs[k] for every input array k (any shape), element by element."""
     grads = []
     for k, x in enumerate(xs):
-        g = np.zeros_like(x)
+        g = np.zeros(x.size)
         for j in range(x.size):
             up = [a.copy() for a in xs]
             down = [a.copy() for a in xs]
-            up[k][j] += eps
-            down[k][j] -= eps
+            up[k].reshape(-1)[j] += eps
+            down[k].reshape(-1)[j] -= eps
             g[j] = (f(*up) - f(*down)) / (2 * eps)
-        grads.append(g)
+        grads.append(g.reshape(x.shape))
     return grads
 
 

@@ -27,6 +27,7 @@ from qd_numba import config, offline_cache
 from qd_numba.errors import QuadrantsWarning
 from qd_numba.field import ArrayData
 from qd_numba.targets.cuda import plan as cuda_plan
+from qd_numba.targets.cuda import toolchain
 
 pytestmark = pytest.mark.no_cuda_compile_check   # the tests compile for CUDA themselves
 
@@ -270,20 +271,57 @@ def test_a_cached_cuda_debug_kernel_still_raises_out_of_bounds(tmp_path, rng):
 
 
 
-@pytest.mark.cuda
-def test_qd_init_finds_the_cache_key_toolchain_in_the_background(tmp_path):
-    """qd.init(arch=qd.cuda) with the offline cache on starts a thread that asks the NVVM and
-    nvJitLink versions for the cache keys, so a warm process's first call finds them ready."""
-    import threading
+@pytest.fixture
+def fresh_toolchain(tmp_path, monkeypatch):
+    """The toolchain module as in a new process, with the offline cache in ``tmp_path``."""
+    monkeypatch.setattr(toolchain, "_known", None)
+    monkeypatch.setattr(toolchain, "_asked", False)
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=str(tmp_path))
+    yield tmp_path
+    qd.init()
 
-    cuda_plan.cache_target.cache_clear()
-    qd.init(arch=qd.cuda, offline_cache=True, offline_cache_file_path=str(tmp_path))
-    try:
-        for t in threading.enumerate():
-            if t.name == "qd_numba-cache-key":
-                t.join(timeout=60)
-        assert cuda_plan.cache_target.cache_info().currsize == 1
-        cc = cuda_plan.CudaRuntime.get().cc
-        assert cuda_plan.cache_target(cc).startswith(f"cuda-sm{''.join(map(str, cc))}-nvvm")
-    finally:
-        qd.init()
+
+def _new_process(monkeypatch):
+    monkeypatch.setattr(toolchain, "_known", None)
+    monkeypatch.setattr(toolchain, "_asked", False)
+
+
+def test_toolchain_versions_are_recorded_and_then_read_without_loading_the_libraries(fresh_toolchain, monkeypatch):
+    """The first process asks NVVM and nvJitLink and records them; a later one takes the record
+    while the recorded libraries are unchanged on disk, and asks again when one changed."""
+    real, libraries = toolchain._ask()
+    assert toolchain.versions() == real and toolchain._asked
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+
+    _new_process(monkeypatch)
+    asked = []
+    monkeypatch.setattr(toolchain, "_ask", lambda: asked.append(1) or (real, libraries))
+    assert toolchain.versions() == real and not asked
+
+    _new_process(monkeypatch)
+    stale = tuple((path, size + 1, mtime) for path, size, mtime in libraries)
+    offline_cache.store_blob(toolchain._record_key(), ("nvvm-old", stale))
+    assert toolchain.versions() == real and asked == [1]
+
+
+def test_a_record_that_disagrees_with_the_libraries_is_rewritten_by_the_first_compile(fresh_toolchain, monkeypatch):
+    real, libraries = toolchain._ask()
+    offline_cache.store_blob(toolchain._record_key(), ("nvvm-recorded", libraries))
+    assert toolchain.versions() == "nvvm-recorded"            # lookups use the record ...
+    assert toolchain.confirm() == real                         # ... a compile asks the libraries
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+    _new_process(monkeypatch)
+    assert toolchain.versions() == real and not toolchain._asked
+
+
+def test_a_damaged_toolchain_record_is_discarded_and_asked_again(fresh_toolchain, monkeypatch):
+    real, _ = toolchain._ask()
+    toolchain.versions()
+    path = offline_cache.Lookup(toolchain._record_key(), {}, offline_cache.cache_root()).path
+    with open(path, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\x00" * 8)
+    _new_process(monkeypatch)
+    with pytest.warns(QuadrantsWarning, match="discarding"):
+        assert toolchain.versions() == real
+    assert toolchain._asked

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import re
 
 import numpy as np
@@ -36,6 +35,7 @@ from ...passes.task_ir import cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
 from . import tasks as cuda_tasks
+from . import toolchain
 from .arrays import _view_type
 from .runtime import (
     PACK_HEAD,
@@ -510,22 +510,10 @@ class PlanBinary:
     artifact_key: str | None
 
 
-@functools.cache
 def cache_target(cc) -> str:
     """The target part of a CUDA kernel's keys: the compute capability and the versions of the
-    NVVM and nvJitLink libraries that make its cubins (asked once per process)."""
-    from cuda.bindings import nvjitlink, nvvm
-
-    return f"cuda-sm{''.join(map(str, cc))}-nvvm{nvvm.version()}{nvvm.ir_version()}-nvjitlink{nvjitlink.version()}"
-
-
-def prefetch_cache_target(cc) -> None:
-    """:func:`cache_target` ahead of its first use (a background thread started by ``qd.init``).
-    A failure is left to the first real use, which raises it where the user sees it."""
-    try:
-        cache_target(cc)
-    except Exception:   # noqa: BLE001 - reported by the kernel call that needs the key
-        return
+    NVVM and nvJitLink libraries that make its cubins (:mod:`.toolchain`)."""
+    return f"cuda-sm{''.join(map(str, cc))}-{toolchain.versions()}"
 
 
 def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBinary:
@@ -569,6 +557,7 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
             return launch_plan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, kernel_field_slots(state))
+    toolchain.confirm()
     rt.plan_builds += 1
     kernel.compile_count += 1
     binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(rt.cc))

@@ -69,9 +69,9 @@ def define(n=48, source=SOURCE, offset=0.5):
 PARAM_TYPES = {"a": types.Array(types.float32, 1, "C"), "s": types.float32}
 
 
-def compiled_binary(kernel, cc=(9, 0)):
+def compiled_binary(kernel, cc=(9, 0), param_types=PARAM_TYPES):
     """(PlanBinary, fields) of ``kernel`` compiled for CUDA as the compile check does (no GPU)."""
-    state = cuda_plan.compile_state(kernel, PARAM_TYPES, {})
+    state = cuda_plan.compile_state(kernel, param_types, {})
     plan_ir, compiled, temp_types = cuda_plan.compile_tasks(kernel, state, cc, cuda_plan.kernel_field_slots(state))
     return cuda_plan.plan_binary(kernel, state, plan_ir, compiled, temp_types, cuda_plan.cache_target(cc)), state.hidden
 
@@ -102,6 +102,25 @@ def test_the_plan_binary_survives_pickling_and_binds_this_process_fields(rng):
     a = rng.random(int(rng.integers(1, 99))).astype(np.float32)
     assert fn((a, 1.0)) == (n, a.shape[0])
     assert len(fields) == 2
+
+
+FIELD_LOOPS = """
+@qd.kernel
+def scale(s: qd.f32):
+    for i in x:
+        y[i] = x[i] * s
+    for j in range(y.shape[0] // 2):
+        x[j] = y[j] + OFFSET
+"""
+
+
+def test_iteration_counts_of_field_loops_are_stored_computed(rng):
+    """Loops over fields only have counts fixed by the fields' shapes, which are in the key: the
+    binary stores the counts, and a cache hit runs no host code for them."""
+    n = int(rng.integers(5, 500))
+    binary, _ = compiled_binary(define(n=n, source=FIELD_LOOPS)["scale"], param_types={"s": types.float32})
+    again = pickle.loads(pickle.dumps(binary))
+    assert again.totals is None and again.static_totals == (n, n // 2)
 
 
 def test_a_debug_plan_binary_keeps_its_error_words_and_raises():

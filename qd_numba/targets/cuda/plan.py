@@ -508,6 +508,9 @@ class PlanBinary:
     ret: tuple | None       # (byte offset, numpy dtype, element count) of the return value
     totals: tuple | None    # (source, env) of the host iteration counts (:func:`host_totals`)
     artifact_key: str | None
+    # the counts themselves where they depend on no argument (constants and field shapes, which
+    # are in the cache key): computed when the kernel compiles, so a cache hit runs no host code
+    static_totals: tuple | None = None
 
 
 def cache_target(cc) -> str:
@@ -533,6 +536,8 @@ def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBin
     totals = None if src is None else (src, {name: FieldSlot(slots[id(v)]) if id(v) in slots else v
                                              for name, v in env.items()})
     key = artifact_key(kernel, state.param_types, state.template_values, state.hidden, state.config, target)
+    if totals is not None and "args[" not in src:
+        return PlanBinary(binaries, plan_ir.temp_slots, ret, None, key, host_totals(kernel, totals, state.hidden)[1])
     return PlanBinary(binaries, plan_ir.temp_slots, ret, totals, key)
 
 
@@ -608,6 +613,8 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
             range_index += 1
         launches.append(TaskLaunch(t.task, fn, module, argv, grid, block, total_index, t))
     totals_fn, static_totals = host_totals(kernel, binary.totals, fields)
+    if binary.static_totals is not None:
+        static_totals = binary.static_totals
     params = [(p.name, p.kind) for p in kernel.params]
     plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
                       field_table, binary.ret)

@@ -8,6 +8,7 @@ from .lowering import spaces as _lowering_spaces  # noqa: F401
 from .lowering import subscripts as _lowering_subscripts  # noqa: F401
 from .lowering import struct as _lowering_struct  # noqa: F401
 from .ops import matrix_methods as _matrix_methods  # noqa: F401
+from .typing import intrinsics as _intrinsics
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
     math,  # noqa: E402  (qd.math namespace)
@@ -149,3 +150,5 @@ from .streams import Event, Stream, create_event, create_stream
 from .task import Task
 
 __version__ = "0.1.0"
+
+_intrinsics.install_core()   # cached intrinsic signatures skip the registry refresh

@@ -78,6 +78,7 @@ from .lang import (
     static,
     static_assert,
     static_print,
+    stream_parallel,
 )
 from .math import (
     abs,

@@ -10,6 +10,7 @@ them that only a concurrent run completes), results, and order on the caller's s
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 import qd_numba as qd
 from qd_numba import config as qd_config
 from qd_numba.errors import QuadrantsRuntimeError, QuadrantsSyntaxError
-from qd_numba.targets.cuda.stream_pool import StreamBlocks, launch_program
+from qd_numba.targets.cuda.stream_pool import StreamBlocks, launch_program, stream_blocks
 
 F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
 F64_1D = qd.types.ndarray(dtype=qd.f64, ndim=1)
@@ -96,6 +97,50 @@ def test_tasks_carry_their_block(rng):
     blocks = [(t.kind, t.stream_group) for t in three_blocks.tasks(a, b, m, x)]
     assert blocks == [("range_for", 1), ("range_for", 1), ("serial", 2), ("range_for", 2), ("range_for", 3)]
     assert {t.stream_group for t in three_loops.tasks(a, b, m, x)} == {0}
+
+
+@qd.kernel
+def template_blocks(f: qd.template(), a: F64_1D, s: qd.f64):
+    """A docstring is fine."""
+    with qd.stream_parallel():
+        for i, j in f:
+            f[i, j] = f[i, j] * s
+    with qd.stream_parallel():
+        for i in range(a.shape[0]):
+            a[i] = a[i] + s
+
+
+@qd.data_oriented
+class Pair:
+    def __init__(self, n):
+        self.u = qd.field(qd.f64, shape=(n,))
+        self.v = qd.field(qd.f64, shape=(n,))
+
+    @qd.kernel
+    def step(self, s: qd.f64):
+        with qd.stream_parallel():
+            for i in self.u:
+                self.u[i] = qd.cos(self.u[i]) * s
+        with qd.stream_parallel():
+            for i in self.v:
+                self.v[i] += s
+
+
+def test_template_arguments_and_methods(rng):
+    f = qd.field(qd.f64, shape=(6, 5))
+    f0, a, s = rng.uniform(-1, 1, (6, 5)), rng.uniform(-1, 1, 11), float(rng.uniform(1, 2))
+    f.from_numpy(f0)
+    ref_a = a + s
+    template_blocks(f, a, s)
+    np.testing.assert_allclose(f.to_numpy(), f0 * s, rtol=1e-12)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-12)
+    pair = Pair(9)
+    u0, v0 = rng.uniform(-1, 1, 9), rng.uniform(-1, 1, 9)
+    pair.u.from_numpy(u0)
+    pair.v.from_numpy(v0)
+    pair.step(s)
+    np.testing.assert_allclose(pair.u.to_numpy(), np.cos(u0) * s, rtol=1e-12)
+    np.testing.assert_allclose(pair.v.to_numpy(), v0 + s, rtol=1e-12)
 
 
 @qd.kernel(fuse=True)
@@ -189,6 +234,19 @@ def test_fork_join_calls_in_order():
                            lambda address, k: (k << 32) | 700 if packed[1] == 501 else -1,
                            lambda event, stream: 0, lambda stream, event, flags: 0)
     assert failing.launch() == (1 << 32) | 700 and packed[1] == 77
+
+
+def test_plans_that_launch_in_order():
+    # fewer than two groups, gradient kernels, debug plans and profiled plans need no fork/join
+    def plan(groups, autodiff=None, error_words=(), timer=None):
+        launches = [SimpleNamespace(task=SimpleNamespace(stream_group=g)) for g in groups]
+        return SimpleNamespace(launches=launches, kernel=SimpleNamespace(autodiff_mode=autodiff),
+                               error_words=list(error_words), timer=timer)
+
+    assert stream_blocks(plan([0, 0])) is None and stream_blocks(plan([1, 1, 0])) is None
+    assert stream_blocks(plan([1, 2], autodiff="reverse")) is None
+    assert stream_blocks(plan([1, 2], error_words=[(None, 8)])) is None
+    assert stream_blocks(plan([1, 2], timer=object())) is None
 
 
 # -- compile-time errors ------------------------------------------------------------------------------------

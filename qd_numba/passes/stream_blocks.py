@@ -128,8 +128,9 @@ class MarkStreamBlocks:
     @staticmethod
     def _check_outside(state, groups, calls):
         """Outside the blocks only the plumbing of the kernel and of its ``with`` statements:
-        arguments, constants, globals, copies and attribute reads of temporaries, the calls
-        that make the context managers, jumps and the final ``return None``."""
+        arguments (template ones bound to their values), constants, globals, copies and attribute
+        reads of temporaries, the calls that make the context managers, jumps and the final
+        ``return None``."""
         ir = state.ir
         for lbl, block in state.func_ir.blocks.items():
             if lbl in groups:
@@ -139,7 +140,8 @@ class MarkStreamBlocks:
                     continue
                 if isinstance(stmt, ir.Assign):
                     value = stmt.value
-                    if id(stmt) in calls or isinstance(value, ir.Arg):
+                    # template parameters are bound to their values (passes/bind_arguments.py)
+                    if id(stmt) in calls or isinstance(value, ir.Arg) or stmt.target.name in state.template_values:
                         continue
                     if isinstance(value, ir.Expr) and value.op == "cast" and not _is_none(state, value.value):
                         raise state.error(QuadrantsSyntaxError, "a kernel with qd.stream_parallel() blocks cannot "

@@ -294,6 +294,16 @@ def test_nested_blocks_are_rejected(rng):
     _raises(nested, rng.uniform(size=4), match="cannot be nested")
 
 
+def test_arguments_are_rejected(rng):
+    @qd.kernel
+    def with_argument(a: F64_1D):
+        with qd.stream_parallel(2):
+            for i in range(a.shape[0]):
+                a[i] = 1.0
+
+    _raises(with_argument, rng.uniform(size=4), match="takes no arguments")
+
+
 def test_block_inside_a_loop_is_rejected(rng):
     @qd.kernel
     def inner(a: F64_1D):

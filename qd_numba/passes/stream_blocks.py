@@ -2,7 +2,7 @@
 
 Input: the kernel IR after inlining and static folding, where a ``with`` block is an
 ``enter_with`` statement (on the context manager the ``qd.stream_parallel()`` call made), the
-block's code, and a ``pop_block`` where it ends. Two passes:
+block's code, and a ``pop_block`` where it ends. One check and two passes:
 
 * :func:`reject_with_in_func` (called by InlineFuncs) rejects a ``with`` in a ``qd.func``;
 * :class:`MarkStreamBlocks` (before Offload) checks the rules of Quadrants and records, in
@@ -17,10 +17,9 @@ block's code, and a ``pop_block`` where it ends. Two passes:
 The rules (errors name the kernel and the line): when a kernel has a ``qd.stream_parallel()``
 block, every top-level statement is such a block (all or nothing; a docstring is fine); a block
 is at the kernel's top level (not in a loop or under an ``if``), never nested, never in a
-``qd.func``, never in a ``graph=True`` kernel, and does not ``return`` (nor does the kernel return a
-value). Any other ``with`` in a
-kernel is rejected. Kernels without ``with`` are left alone (the pass returns False).
-"""
+``qd.func``, never in a ``graph=True`` kernel, and does not ``return`` (nor does the kernel return
+a value). Any other ``with`` in a kernel is rejected. Kernels without ``with`` are left alone
+(MarkStreamBlocks returns False); so are the Tasks of kernels without blocks."""
 
 from __future__ import annotations
 

@@ -79,6 +79,7 @@ from .lang import (
     static,
     static_assert,
     static_print,
+    stream_parallel,
 )
 from .math import (
     abs,

@@ -45,6 +45,7 @@ from .runtime import (
     _driver,
     launchers,
 )
+from .stream_pool import stream_blocks
 
 CODEGEN_STAGES = ("split into task kernels, in program order: range-for -> grid-stride kernel, serial code -> "
                   "1-thread kernel (passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
@@ -112,6 +113,7 @@ class LaunchPlan:
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
+        self.stream_blocks = stream_blocks(self)    # qd.stream_parallel() groups: fork/join (stream_pool.py)
         self._run_on_stream = None
         self.run = self._make_runner()
 
@@ -316,6 +318,8 @@ def _runner_source(plan, on_stream=False):
     else:
         if plan.timer is not None:
             ns["packed"] = plan.packed.ctypes.data
+        if plan.stream_blocks is not None:
+            ns["launch_all"] = plan.stream_blocks.launch
         launch += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
                    "if status >= 0:",
                    "    plan._failed(status)"]

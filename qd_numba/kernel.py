@@ -18,6 +18,7 @@ import threading
 import weakref
 
 from . import config, dtypes, runtime, streams
+from . import graph as graph_rules
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .field import Ndarray
 from .frontend.args import Param, evaluate_annotation, grad_parameter, param_kind, return_type_of
@@ -81,6 +82,8 @@ class Kernel(KernelObject):
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is not inspect.Signature.empty and returns is not None:
             self._returns = returns if returns in (int, float) else return_type_of(self.name, returns)
+        if graph:
+            graph_rules.check_returns(self.name, self._returns)
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None
@@ -152,6 +155,8 @@ class Kernel(KernelObject):
         ``.grad`` fields the adjoints of what this kernel read, from the ``.grad`` of what it wrote."""
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a gradient kernel")
+        if self.graph:
+            raise graph_rules.derivative_error(self.name, "kernel.grad")
         if self.return_type is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}': a kernel that returns a value cannot be "
                                        "differentiated (kernel.grad)")
@@ -164,6 +169,8 @@ class Kernel(KernelObject):
         it reads."""
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
+        if self.graph:
+            raise graph_rules.derivative_error(self.name, "kernel.forward_mode")
         return self._derivative("_forward_mode", "forward_mode", "forward")
 
     def _derivative(self, attr: str, suffix: str, mode: str) -> Kernel:

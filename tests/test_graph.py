@@ -1,0 +1,357 @@
+"""``@qd.kernel(graph=True)`` (qd_numba/graph.py, targets/cuda/graphs.py).
+
+On the CPU: the API, every error path, graph kernels giving the plain kernel's results on random
+data, one task per loop (no fusion), the cache key; the CUDA graph's build / patch / replay logic
+with a stand-in driver, and the generated runner's dirty bits with a stand-in graph. The
+``cuda`` tests need a GPU: replays after new ndarrays, new scalars and new sizes equal the plain
+kernel. References are numpy on random data.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+import qd_numba as qd
+from qd_numba import offline_cache
+from qd_numba.errors import QuadrantsRuntimeError, QuadrantsSyntaxError
+
+F64 = qd.types.ndarray(dtype=qd.f64, ndim=1)
+
+
+def _steps(x: F64, y: F64, z: F64, a: qd.f64):
+    """Eight small tasks: seven loops and serial code, each reading what the earlier ones wrote."""
+    for i in range(x.shape[0]):
+        y[i] = a * x[i]
+    for i in range(x.shape[0]):
+        z[i] = y[i] + 1.0
+    z[0] = z[0] + a                  # a serial task
+    for i in range(z.shape[0]):
+        y[i] = y[i] * z[i]
+    for i in range(1, x.shape[0]):
+        x[i] = x[i] - y[i - 1]
+    for i in range(z.shape[0]):
+        z[i] = z[i] * 0.5
+    for i in range(y.shape[0]):
+        y[i] += z[i]
+    for i in range(x.shape[0]):
+        x[i] += a
+
+
+def _steps_ref(x, y, z, a):
+    x, y, z = x.copy(), y.copy(), z.copy()
+    y[:] = a * x
+    z[:] = y + 1.0
+    z[0] += a
+    y *= z
+    x[1:] -= y[:-1]
+    z *= 0.5
+    y += z
+    x += a
+    return x, y, z
+
+
+steps_graph = qd.kernel(graph=True)(_steps)
+steps_plain = qd.kernel(_steps)
+
+
+def _random(rng, n):
+    return rng.uniform(-1, 1, n), rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+
+
+def test_graph_kernel_equals_plain_kernel_and_numpy(rng):
+    for n, a in ((257, 0.75), (64, -1.5)):      # new sizes and scalars: same results
+        x, y, z = _random(rng, n)
+        ref = _steps_ref(x, y, z, a)
+        plain = x.copy(), y.copy(), z.copy()
+        steps_graph(x, y, z, a)
+        steps_plain(*plain, a)
+        for got, want, other in zip((x, y, z), ref, plain):
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+            np.testing.assert_array_equal(got, other)
+
+
+def test_graph_kernel_with_qd_ndarrays_repeated_calls(rng):
+    n = 100
+    arrays = [qd.ndarray(qd.f64, n) for _ in range(6)]
+    hosts = [rng.uniform(-1, 1, n) for _ in range(6)]
+    for arr, host in zip(arrays, hosts):
+        arr.from_numpy(host)
+    want = [h.copy() for h in hosts]
+    for call, a in enumerate((0.5, 0.5, 2.0, -0.25)):
+        first = 3 * (call % 2)     # alternate between two sets of ndarrays
+        steps_graph(*arrays[first:first + 3], a)
+        want[first:first + 3] = _steps_ref(*want[first:first + 3], a)
+    for arr, w in zip(arrays, want):
+        np.testing.assert_allclose(arr.to_numpy(), w, rtol=1e-12)
+
+
+def test_graph_keyword_is_kept_and_loops_stay_separate_tasks(rng):
+    assert steps_graph.graph is True and steps_plain.graph is False
+    x, y, z = _random(rng, 16)
+    names = [t.kind for t in steps_graph.tasks(x, y, z, 1.0)]
+    assert names.count("range_for") == 7 and len(names) == 8
+
+
+def test_graph_kernels_never_fuse_even_when_fusion_is_on(rng):
+    def body(x: F64, y: F64):
+        for i in range(x.shape[0]):
+            y[i] = x[i] * 2.0
+        for i in range(x.shape[0]):
+            x[i] = x[i] + 1.0
+
+    fused = qd.kernel(fuse=True)(body)
+    graph = qd.kernel(graph=True, fuse=True)(body)
+    x, y = rng.uniform(-1, 1, 40), np.zeros(40)
+    assert len(fused.tasks(x, y)) == 1
+    assert len(graph.tasks(x, y)) == 2
+    x2, y2 = x.copy(), y.copy()
+    graph(x, y)
+    fused(x2, y2)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_allclose(y, 2.0 * (x - 1.0), rtol=1e-12)
+
+
+def test_cache_key_includes_the_graph_flag():
+    from qd_numba import config
+
+    types_ = {"x": "array(float64, 1d, C)"}
+    key_graph = offline_cache.fast_key(steps_graph, types_, config.current, "cpu")
+    key_plain = offline_cache.fast_key(steps_plain, types_, config.current, "cpu")
+    assert key_graph != key_plain        # same function, same types: only the flag differs
+    assert [g for g, p in zip(key_graph, key_plain) if g != p] == [True]
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+
+def test_a_graph_kernel_cannot_return_a_value():
+    def total(x: F64) -> qd.f64:
+        s = 0.0
+        for i in range(x.shape[0]):
+            s += x[i]
+        return s
+
+    with pytest.raises(QuadrantsSyntaxError, match="kernel 'total': a graph=True kernel cannot return a value"):
+        qd.kernel(graph=True)(total)
+    assert qd.kernel(total) is not None     # without graph=True it is fine
+
+
+def test_graph_kernels_are_primal_only():
+    with pytest.raises(QuadrantsSyntaxError, match="kernel '_steps': kernel.grad is not supported for graph"):
+        steps_graph.grad  # noqa: B018
+    with pytest.raises(QuadrantsSyntaxError, match="kernel '_steps': kernel.forward_mode is not supported"):
+        steps_graph.forward_mode  # noqa: B018
+
+
+def test_graph_kernel_inside_a_tape_is_refused(rng):
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+    v = qd.field(qd.f64, shape=8, needs_grad=True)
+    v.from_numpy(rng.uniform(-1, 1, 8))
+
+    @qd.kernel(graph=True)
+    def square_sum():
+        for i in v:
+            loss[None] += v[i] * v[i]
+
+    with pytest.raises(QuadrantsRuntimeError, match="kernel 'square_sum': graph=True kernels cannot be recorded"):
+        with qd.ad.Tape(loss=loss):
+            square_sum()
+    square_sum()        # outside a Tape it runs
+    np.testing.assert_allclose(loss[None], np.sum(v.to_numpy() ** 2), rtol=1e-12)
+
+
+def test_graph_kernel_refuses_qd_stream(rng):
+    x, y, z = _random(rng, 8)
+    with pytest.raises(QuadrantsRuntimeError, match="kernel '_steps': qd_stream= is not compatible with graph"):
+        steps_graph(x, y, z, 1.0, qd_stream=qd.create_stream())
+    with pytest.raises(QuadrantsRuntimeError, match="qd_stream= is not compatible"):
+        steps_graph(x, y, z, a=1.0, qd_stream=0)
+    steps_graph(x, y, z, 1.0, qd_stream=None)    # None: the default stream, as without the keyword
+
+
+# -- the CUDA graph logic, with a stand-in driver (no GPU) -----------------------------------------------
+
+class _StandInDriver:
+    """Records the graph calls of targets/cuda/graphs.py; the node parameters it sees are
+    read from the structure and the parameter cells the call points at."""
+
+    def __init__(self):
+        self.calls, self.handle = [], 0x1000
+
+    def _new(self, out):
+        self.handle += 1
+        out._obj.value = self.handle
+        return self.handle
+
+    def _params(self, p):
+        p = p._obj
+        argv = ctypes.cast(p.kernelParams, ctypes.POINTER(ctypes.c_void_p))
+        first_cell = ctypes.c_int64.from_address(argv[2]).value     # after (ctx, tmp): the first argument
+        return p.func, p.gridDimX, p.blockDimX, first_cell
+
+    def cuGraphCreate(self, out, flags):
+        self.calls.append(("create", self._new(out)))
+        return 0
+
+    def cuGraphAddKernelNode(self, out, graph, deps, ndeps, params):
+        dep = deps._obj.value if deps is not None else None
+        self.calls.append(("add", self._new(out), dep, ndeps, self._params(params)))
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, out, graph, flags):
+        self.calls.append(("instantiate", self._new(out)))
+        return 0
+
+    def cuGraphExecKernelNodeSetParams(self, exec_, node, params):
+        self.calls.append(("set", node, self._params(params)))
+        return 0
+
+    def cuGraphNodeSetEnabled(self, exec_, node, on):
+        self.calls.append(("enable", node, on))
+        return 0
+
+    def cuGraphLaunch(self, exec_, stream):
+        self.calls.append(("launch", exec_, stream))
+        return 0
+
+    def cuGraphExecDestroy(self, exec_):
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        return 0
+
+
+def _stand_in_plan(grids, first_args):
+    """A plan-like object of len(grids) tasks whose first argument cell holds ``first_args[k]``."""
+    from qd_numba.targets.cuda.runtime import PACK_HEAD, PACK_TASK
+
+    packed = np.zeros(PACK_HEAD + PACK_TASK * len(grids), np.int64)
+    launches, keep = [], []
+    for k, (grid, arg) in enumerate(zip(grids, first_args)):
+        cells = [ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_int64(arg)]
+        argv = (ctypes.c_void_p * 3)(*[ctypes.addressof(c) for c in cells])
+        keep.append((cells, argv))
+        packed[PACK_HEAD + PACK_TASK * k:PACK_HEAD + PACK_TASK * (k + 1)] = (0x500 + k, grid, 128,
+                                                                              ctypes.addressof(argv))
+        launches.append(types.SimpleNamespace(argv=ctypes.addressof(argv)))
+    plan = types.SimpleNamespace(kernel=types.SimpleNamespace(name="stand_in"), packed=packed, launches=launches)
+    return plan, keep
+
+
+def test_cuda_graph_builds_once_patches_only_dirty_nodes_and_replays(monkeypatch):
+    from qd_numba.targets.cuda import graphs
+    from qd_numba.targets.cuda.runtime import PACK_HEAD, PACK_TASK
+
+    driver = _StandInDriver()
+    monkeypatch.setattr(graphs, "_api", driver)
+    plan, keep = _stand_in_plan([4, 0, 1], [11, 22, 33])
+    g = graphs.CudaGraph(plan)
+    assert g.node_mask(lambda k: k != 1) == 0b101
+    g.launch(0b111)     # first launch: built from the cells as they are, empty loop disabled
+    kinds = [c[0] for c in driver.calls]
+    assert kinds == ["create", "add", "add", "add", "instantiate", "enable", "launch"]
+    adds = [c for c in driver.calls if c[0] == "add"]
+    assert [a[4] for a in adds] == [(0x500, 4, 128, 11), (0x501, 1, 128, 22), (0x502, 1, 128, 33)]
+    assert [a[2:4] for a in adds] == [(None, 0), (adds[0][1], 1), (adds[1][1], 1)]    # a chain
+    assert driver.calls[5] == ("enable", adds[1][1], 0)
+    exec_ = driver.calls[4][1]
+    assert driver.calls[6] == ("launch", exec_, None)
+
+    driver.calls.clear()
+    g.launch(0)         # nothing changed: a bare replay
+    assert driver.calls == [("launch", exec_, None)]
+
+    driver.calls.clear()
+    keep[2][0][2].value = 99                            # task 2's argument changed
+    plan.packed[PACK_HEAD + PACK_TASK * 1 + 1] = 7      # task 1's loop is no longer empty
+    g.launch(0b110)
+    assert driver.calls == [("set", adds[1][1], (0x501, 7, 128, 22)), ("enable", adds[1][1], 1),
+                            ("set", adds[2][1], (0x502, 1, 128, 99)), ("launch", exec_, None)]
+    assert g.builds == 1 and g.patches == 2
+
+    driver.calls.clear()
+    plan.packed[PACK_HEAD + PACK_TASK * 1 + 1] = 0      # empty again: disabled, not patched
+    g.launch(0b010)
+    assert driver.calls == [("enable", adds[1][1], 0), ("launch", exec_, None)]
+
+
+class _RecordingGraph:
+    def __init__(self, count):
+        self.count, self.dirty = count, []
+
+    def node_mask(self, uses):
+        return sum(1 << k for k in range(self.count) if uses(k))
+
+    def launch(self, dirty):
+        self.dirty.append(dirty)
+
+
+def test_generated_runner_marks_only_the_nodes_whose_cells_changed():
+    from qd_numba.targets.cuda import plan as cuda_plan
+
+    cells = {"x": [ctypes.c_int64() for _ in range(7)], "a": [ctypes.c_double()], "b": [ctypes.c_int32()]}
+    launches = [types.SimpleNamespace(binary=types.SimpleNamespace(runtime_args=args), total_index=None)
+                for args in (("x",), ("x", "a"), ("b",))]
+    graph = _RecordingGraph(3)
+    plan = types.SimpleNamespace(params=[("x", "ndarray"), ("a", "scalar"), ("b", "scalar")], cells=cells,
+                                 graph=graph, rt=None, launch_all=None, totals_fn=None, timer=None, written=(),
+                                 written_args=(), error_words=[], launches=launches, ret=None,
+                                 _patch_view=lambda name, view, key: key)
+    src, ns = cuda_plan._runner_source(plan)
+    exec(compile(src, "<runner>", "exec"), ns)
+    run = ns["make"]()
+    view1 = types.SimpleNamespace(host=None)
+    view2 = types.SimpleNamespace(host=None)
+    run(None, 1.5, 3, view1)
+    run(None, 1.5, 3, view1)          # same view, same scalars
+    run(None, 2.5, 3, view1)          # a changed: task 1 only
+    run(None, 2.5, 4, view2)          # b and x changed
+    assert graph.dirty == [0b111, 0, 0b010, 0b111]
+    assert cells["a"][0].value == 2.5 and cells["b"][0].value == 4
+
+
+# -- on a GPU --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def on_cuda():
+    qd.init(arch=qd.cuda)
+    yield
+    qd.init(arch=qd.cpu)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_after_new_ndarrays_and_scalars_equals_plain(rng, on_cuda):
+    n = 4096
+    sets = []
+    for _ in range(2):
+        hosts = [rng.uniform(-1, 1, n) for _ in range(3)]
+        graph_arrays, plain_arrays = [qd.ndarray(qd.f64, n) for _ in range(3)], [qd.ndarray(qd.f64, n)
+                                                                                 for _ in range(3)]
+        for g, p, h in zip(graph_arrays, plain_arrays, hosts):
+            g.from_numpy(h)
+            p.from_numpy(h)
+        sets.append((graph_arrays, plain_arrays, hosts))
+    for call, a in enumerate((0.5, 0.5, -1.25, 2.0, 2.0)):
+        graph_arrays, plain_arrays, hosts = sets[call % 2]
+        steps_graph(*graph_arrays, a)
+        steps_plain(*plain_arrays, a)
+        hosts[:] = _steps_ref(*hosts, a)
+    for graph_arrays, plain_arrays, hosts in sets:
+        for g, p, h in zip(graph_arrays, plain_arrays, hosts):
+            np.testing.assert_allclose(g.to_numpy(), h, rtol=1e-10)
+            np.testing.assert_allclose(g.to_numpy(), p.to_numpy(), rtol=1e-12)
+    plan = steps_graph.backend().plan_for((*sets[0][0], 1.0))
+    assert plan.graph is not None and plan.graph.builds == 1
+
+
+@pytest.mark.cuda
+def test_cuda_graph_with_numpy_arguments_new_sizes_and_an_empty_loop(rng, on_cuda):
+    for n in (1000, 1, 300):       # n=1: the loop from 1 is empty (a disabled node)
+        x, y, z = _random(rng, n)
+        ref = _steps_ref(x, y, z, 0.3)
+        steps_graph(x, y, z, 0.3)
+        for got, want in zip((x, y, z), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-10)

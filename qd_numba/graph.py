@@ -2,9 +2,10 @@
 
 A graph kernel's tasks are captured once into a CUDA graph and replayed on later calls (the CUDA
 target: targets/cuda/graphs.py); on other targets ``graph=True`` changes nothing. As in
-Quadrants, a graph kernel is a primal kernel that returns nothing and runs on the default
-stream: this module raises our errors, naming the kernel, for what breaks those rules
-(docs/graphs.md). Fusion keeps one task per loop in graph kernels (``Config.for_kernel``).
+Quadrants, a graph kernel returns nothing and runs on the default stream: this module raises
+our errors, naming the kernel, for what breaks those rules (docs/graphs.md). Its derivative
+kernels (``kernel.grad``, forward mode) run with plain launches, as in Quadrants. Fusion keeps
+one task per loop in graph kernels (``Config.for_kernel``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,6 @@ def check_returns(name: str, returns) -> None:
     if returns is not None:
         raise QuadrantsSyntaxError(f"kernel '{name}': a graph=True kernel cannot return a value (a graph replay "
                                    "reads nothing back); write the result to a field or ndarray instead")
-
-
-def derivative_error(name: str, what: str) -> QuadrantsSyntaxError:
-    """``kernel.grad`` / ``kernel.forward_mode`` (``what``) of a graph kernel: graphs are primal only."""
-    return QuadrantsSyntaxError(f"kernel '{name}': {what} is not supported for graph=True kernels (graphs capture "
-                                "the primal kernel only); differentiate a copy of the kernel without graph=True")
-
-
-def tape_error(name: str) -> QuadrantsRuntimeError:
-    """A graph kernel called while a ``qd.ad.Tape`` (or ``qd.ad.FwdMode``) records."""
-    return QuadrantsRuntimeError(f"kernel '{name}': graph=True kernels cannot be recorded by qd.ad.Tape/FwdMode "
-                                 "(graphs capture the primal kernel only); call a copy without graph=True there")
 
 
 def stream_error(name: str) -> QuadrantsRuntimeError:

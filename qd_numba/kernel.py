@@ -155,8 +155,6 @@ class Kernel(KernelObject):
         ``.grad`` fields the adjoints of what this kernel read, from the ``.grad`` of what it wrote."""
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a gradient kernel")
-        if self.graph:
-            raise graph_rules.derivative_error(self.name, "kernel.grad")
         if self.return_type is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}': a kernel that returns a value cannot be "
                                        "differentiated (kernel.grad)")
@@ -169,8 +167,6 @@ class Kernel(KernelObject):
         it reads."""
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
-        if self.graph:
-            raise graph_rules.derivative_error(self.name, "kernel.forward_mode")
         return self._derivative("_forward_mode", "forward_mode", "forward")
 
     def _derivative(self, attr: str, suffix: str, mode: str) -> Kernel:

@@ -1,10 +1,10 @@
 """``@qd.kernel(graph=True)`` (qd_numba/graph.py, targets/cuda/graphs.py).
 
-On the CPU: the API, every error path, graph kernels giving the plain kernel's results on random
-data, one task per loop (no fusion), the cache key; the CUDA graph's build / patch / replay logic
-with a stand-in driver, and the generated runner's dirty bits with a stand-in graph. The
-``cuda`` tests need a GPU: replays after new ndarrays, new scalars and new sizes equal the plain
-kernel. References are numpy on random data.
+On the CPU: the API, every error path, graph kernels (and their gradients) giving the plain
+kernel's results on random data, one task per loop (no fusion), the cache key; the CUDA graph's
+build / patch / replay logic with a stand-in driver, and the generated runner's dirty bits with
+a stand-in graph. The ``cuda`` tests need a GPU: replays after new ndarrays, new scalars and new
+sizes equal the plain kernel; gradients launch plainly. References are numpy on random data.
 """
 
 from __future__ import annotations
@@ -139,28 +139,36 @@ def test_a_graph_kernel_cannot_return_a_value():
     assert qd.kernel(total) is not None     # without graph=True it is fine
 
 
-def test_graph_kernels_are_primal_only():
-    with pytest.raises(QuadrantsSyntaxError, match="kernel '_steps': kernel.grad is not supported for graph"):
-        steps_graph.grad  # noqa: B018
-    with pytest.raises(QuadrantsSyntaxError, match="kernel '_steps': kernel.forward_mode is not supported"):
-        steps_graph.forward_mode  # noqa: B018
+def test_graph_kernel_gradients_run_as_plain_kernels(rng):
+    """As in Quadrants: graph=True is for the primal; kernel.grad and a Tape work (the gradient
+    kernels launch without a graph on CUDA) and give the plain kernel's gradients."""
+    n = 16
+    x0, w0 = rng.uniform(-1, 1, n), rng.uniform(0.5, 2.0, n)
+    grads = []
+    for graph in (True, False):
+        loss = qd.field(qd.f64, shape=(), needs_grad=True)
+        x = qd.field(qd.f64, shape=n, needs_grad=True)
+        y = qd.field(qd.f64, shape=n, needs_grad=True)
+        x.from_numpy(x0)
 
+        def forward(w: F64):
+            for i in range(n):
+                y[i] = qd.sin(x[i]) * w[i]
+            for i in range(n):
+                loss[None] += y[i] * y[i]
 
-def test_graph_kernel_inside_a_tape_is_refused(rng):
-    loss = qd.field(qd.f64, shape=(), needs_grad=True)
-    v = qd.field(qd.f64, shape=8, needs_grad=True)
-    v.from_numpy(rng.uniform(-1, 1, 8))
-
-    @qd.kernel(graph=True)
-    def square_sum():
-        for i in v:
-            loss[None] += v[i] * v[i]
-
-    with pytest.raises(QuadrantsRuntimeError, match="kernel 'square_sum': graph=True kernels cannot be recorded"):
+        kernel = qd.kernel(graph=graph)(forward)
         with qd.ad.Tape(loss=loss):
-            square_sum()
-    square_sum()        # outside a Tape it runs
-    np.testing.assert_allclose(loss[None], np.sum(v.to_numpy() ** 2), rtol=1e-12)
+            kernel(w0)
+        np.testing.assert_allclose(loss[None], np.sum((np.sin(x0) * w0) ** 2), rtol=1e-12)
+        grads.append(x.grad.to_numpy())
+        x.grad.fill(0)
+        y.grad.fill(0)
+        loss.grad[None] = 1.0
+        kernel.grad(w0)         # kernel.grad directly: the same adjoint
+        np.testing.assert_allclose(x.grad.to_numpy(), grads[-1], rtol=1e-12)
+    np.testing.assert_allclose(grads[0], 2 * np.sin(x0) * w0 ** 2 * np.cos(x0), rtol=1e-10)
+    np.testing.assert_array_equal(grads[0], grads[1])
 
 
 def test_graph_kernel_refuses_qd_stream(rng):
@@ -355,3 +363,24 @@ def test_cuda_graph_with_numpy_arguments_new_sizes_and_an_empty_loop(rng, on_cud
         steps_graph(x, y, z, 0.3)
         for got, want in zip((x, y, z), ref):
             np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_kernel_gradient_launches_plainly(rng, on_cuda):
+    n = 256
+    x0 = rng.uniform(-1, 1, n)
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+    x = qd.field(qd.f64, shape=n, needs_grad=True)
+    x.from_numpy(x0)
+
+    @qd.kernel(graph=True)
+    def energy():
+        for i in range(n):
+            loss[None] += qd.sin(x[i]) * x[i]
+
+    with qd.ad.Tape(loss=loss):
+        energy()
+    np.testing.assert_allclose(loss[None], np.sum(np.sin(x0) * x0), rtol=1e-10)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.cos(x0) * x0 + np.sin(x0), rtol=1e-10)
+    assert energy.backend().plan_for(()).graph is not None
+    assert energy.grad.backend().plan_for(()).graph is None

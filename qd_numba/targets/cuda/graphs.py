@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 
+from ...errors import QuadrantsRuntimeError
 from .runtime import PACK_HEAD, PACK_TASK, _check, _driver
 
 
@@ -51,7 +52,11 @@ class _Api:
                  "cuGraphExecDestroy": (vp,),
                  "cuGraphDestroy": (vp,)}
         for name, argtypes in table.items():
-            fn = getattr(lib, name)
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise QuadrantsRuntimeError(f"graph=True kernels need a CUDA 12.0+ driver (it has no {name}); "
+                                            "update the driver, or drop graph=True") from None
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
             setattr(self, name.removesuffix("_v2"), fn)
 

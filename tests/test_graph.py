@@ -286,6 +286,37 @@ def test_cuda_graph_builds_once_patches_only_dirty_nodes_and_replays(monkeypatch
     assert driver.calls == [("enable", adds[1][1], 0), ("launch", exec_, None)]
 
 
+def test_cuda_graph_build_failure_frees_the_graph_and_the_next_call_builds_again(monkeypatch):
+    from qd_numba.targets.cuda import graphs
+
+    driver = _StandInDriver()
+    fail = {"add": 2}
+    add = driver.cuGraphAddKernelNode
+
+    def flaky_add(*args):
+        fail["add"] -= 1
+        return 700 if fail["add"] == 0 else add(*args)      # the second node fails once
+
+    destroyed = []
+    monkeypatch.setattr(driver, "cuGraphAddKernelNode", flaky_add)
+    monkeypatch.setattr(driver, "cuGraphDestroy", lambda graph: destroyed.append(graph) or 0)
+    monkeypatch.setattr(graphs, "_api", driver)
+
+    def check(result, what):
+        raise QuadrantsRuntimeError(f"CUDA driver error in {what}: {int(result[0])}")
+
+    monkeypatch.setattr(graphs, "_check", check)
+    plan, keep = _stand_in_plan([2, 3], [5, 6])
+    g = graphs.CudaGraph(plan)
+    with pytest.raises(QuadrantsRuntimeError, match=r"cuGraphAddKernelNode \(kernel 'stand_in', task 1\): 700"):
+        g.launch(0b11)
+    assert destroyed == [driver.calls[0][1]] and g.exec == 0
+    driver.calls.clear()
+    g.launch(0)
+    adds = [c[4] for c in driver.calls if c[0] == "add"]
+    assert adds == [(0x500, 2, 128, 5), (0x501, 3, 128, 6)] and len(g.params) == 2 and g.builds == 1
+
+
 class _RecordingGraph:
     def __init__(self, count):
         self.count, self.dirty = count, []

@@ -120,25 +120,28 @@ class CudaGraph:
         drv = api()
         graph = ctypes.c_void_p()
         _ok(drv.cuGraphCreate(ctypes.byref(graph), 0), f"cuGraphCreate (kernel '{self.name}')")
-        self.graph = graph.value
-        grids = []
-        prev = None
-        for k in range(self.count):
-            p = _KernelNodeParams(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1, sharedMemBytes=0,
-                                  kernelParams=self.argvs[k])
-            self.params.append(p)
-            grids.append(self._fill(k))
-            node = ctypes.c_void_p()
-            deps = ctypes.byref(prev) if prev is not None else None
-            _ok(drv.cuGraphAddKernelNode(ctypes.byref(node), self.graph, deps, 0 if prev is None else 1,
-                                         ctypes.byref(p)), f"cuGraphAddKernelNode (kernel '{self.name}', task {k})")
-            self.nodes.append(node.value)
-            prev = node
         exec_ = ctypes.c_void_p()
-        _ok(drv.cuGraphInstantiateWithFlags(ctypes.byref(exec_), self.graph, 0),
-            f"cuGraphInstantiate (kernel '{self.name}')")
-        self.exec = exec_.value
-        weakref.finalize(self, _destroy, drv, self.graph, self.exec)
+        try:
+            self.params, self.nodes, grids = [], [], []
+            prev = None
+            for k in range(self.count):
+                self.params.append(_KernelNodeParams(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1,
+                                                     sharedMemBytes=0, kernelParams=self.argvs[k]))
+                grids.append(self._fill(k))
+                node = ctypes.c_void_p()
+                _ok(drv.cuGraphAddKernelNode(ctypes.byref(node), graph, None if prev is None else ctypes.byref(prev),
+                                             0 if prev is None else 1, ctypes.byref(self.params[k])),
+                    f"cuGraphAddKernelNode (kernel '{self.name}', task {k})")
+                self.nodes.append(node.value)
+                prev = node
+            _ok(drv.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0),
+                f"cuGraphInstantiate (kernel '{self.name}')")
+        except BaseException:
+            _destroy(drv, graph.value, 0)
+            raise
+        self.graph, self.exec = graph.value, exec_.value
+        # freed with the plan; not at interpreter exit, where the driver may be gone first
+        weakref.finalize(self, _destroy, drv, self.graph, self.exec).atexit = False
         self.enabled = [True] * self.count
         for k, grid in enumerate(grids):
             if grid == 0:

@@ -125,6 +125,27 @@ def test_cache_key_includes_the_graph_flag():
     assert [g for g, p in zip(key_graph, key_plain) if g != p] == [True]
 
 
+def test_qd_graph_variable_and_init_option_turn_graphs_off(rng, monkeypatch):
+    from qd_numba import config
+
+    try:
+        monkeypatch.setenv("QD_GRAPH", "0")
+        qd.init(arch=qd.cpu)
+        assert config.current.cuda_graph is False
+        monkeypatch.delenv("QD_GRAPH")
+        qd.init(arch=qd.cpu)
+        assert config.current.cuda_graph is True
+        qd.init(arch=qd.cpu, cuda_graph=False)
+        assert config.current.cuda_graph is False
+        x, y, z = _random(rng, 33)
+        ref = _steps_ref(x, y, z, 0.5)
+        steps_graph(x, y, z, 0.5)       # on the CPU the switch changes nothing either
+        for got, want in zip((x, y, z), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+    finally:
+        qd.init(arch=qd.cpu)
+
+
 # -- errors ---------------------------------------------------------------------------------------------
 
 def test_a_graph_kernel_cannot_return_a_value():
@@ -415,3 +436,25 @@ def test_cuda_graph_kernel_gradient_launches_plainly(rng, on_cuda):
     np.testing.assert_allclose(x.grad.to_numpy(), np.cos(x0) * x0 + np.sin(x0), rtol=1e-10)
     assert energy.backend().plan_for(()).graph is not None
     assert energy.grad.backend().plan_for(()).graph is None
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_off_launch_plainly_with_the_same_results(rng):
+    x0, y0, z0 = _random(rng, 500)
+    results = []
+    for on in (True, False):
+        qd.init(arch=qd.cuda, cuda_graph=on)
+        try:
+            arrays = [qd.ndarray(qd.f64, 500) for _ in range(3)]
+            for arr, host in zip(arrays, (x0, y0, z0)):
+                arr.from_numpy(host)
+            steps_graph(*arrays, 0.125)
+            steps_graph(*arrays, 0.25)
+            assert (steps_graph.backend().plan_for((*arrays, 0.25)).graph is not None) is on
+            results.append([arr.to_numpy() for arr in arrays])
+        finally:
+            qd.init(arch=qd.cpu)
+    ref = _steps_ref(*_steps_ref(x0, y0, z0, 0.125), 0.25)
+    for with_graph, plain, want in zip(*results, ref):
+        np.testing.assert_allclose(with_graph, want, rtol=1e-10)
+        np.testing.assert_array_equal(with_graph, plain)

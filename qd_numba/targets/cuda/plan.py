@@ -114,10 +114,10 @@ class LaunchPlan:
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
         self._run_on_stream = None
-        # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless each task must be
-        # launched and checked alone (debug) or timed (kernel profiler)
-        self.graph = graphs.CudaGraph(self) if kernel.graph and launches and not self.error_words \
-            and self.timer is None and kernel.autodiff_mode is None else None
+        # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless graphs are off
+        # (QD_GRAPH=0) or each task must be launched and checked alone (debug) or timed (profiler)
+        self.graph = graphs.CudaGraph(self) if kernel.graph and config.current.cuda_graph and launches \
+            and not self.error_words and self.timer is None and kernel.autodiff_mode is None else None
         self.run = self._make_runner()
 
     def _pack(self, rt):

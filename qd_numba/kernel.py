@@ -325,7 +325,8 @@ def _ndarray_gradients(kernel, call):
 
 
 def kernel(fn=None, *, graph: bool = False, fuse=None):
-    """Decorator: a kernel whose top-level for loops run in parallel."""
-    if fn is None:
-        return lambda f: Kernel(f, graph=graph, fuse=fuse)
-    return Kernel(fn, graph=graph, fuse=fuse)
+    """Decorator: a kernel whose top-level for loops run in parallel (``graph=True``: qd/graph.py)."""
+    def make(f):
+        return graph_rules.prepare(f, graph, lambda g: Kernel(g, graph=graph, fuse=fuse))
+
+    return make if fn is None else make(fn)

@@ -201,6 +201,142 @@ def test_graph_kernel_refuses_qd_stream(rng):
     steps_graph(x, y, z, 1.0, qd_stream=None)    # None: the default stream, as without the keyword
 
 
+# -- qd.graph.do_while / parallel_context / parallel -----------------------------------------------------
+
+I32_0D = qd.types.ndarray(dtype=qd.i32, ndim=0)
+
+
+@qd.kernel(graph=True)
+def damped(x: F64, v: F64, steps: I32_0D, inner: I32_0D, k: qd.f64):
+    for i in range(x.shape[0]):             # once
+        v[i] = 0.0
+    while qd.graph.do_while(steps):
+        inner[()] = 3                       # a bare statement: every outer pass
+        while qd.graph.do_while(inner):
+            with qd.graph.parallel_context():
+                with qd.graph.parallel():
+                    for i in range(x.shape[0]):
+                        v[i] = v[i] - k * x[i]
+                with qd.graph.parallel():
+                    inner[()] = inner[()] - 1
+            for i in range(x.shape[0]):
+                x[i] = x[i] + 0.1 * v[i]
+        for i in range(x.shape[0]):
+            v[i] = v[i] * 0.5
+        steps[()] = steps[()] - 1
+    for i in range(x.shape[0]):             # once, after
+        x[i] = x[i] * 2.0
+
+
+def _damped_ref(x, steps, k):
+    x, v = x.copy(), np.zeros_like(x)
+    for _ in range(max(steps, 1)):          # do-while: the body runs at least once
+        for _ in range(3):
+            v -= k * x
+            x += 0.1 * v
+        v *= 0.5
+    return 2.0 * x, v
+
+
+def test_do_while_loops_and_parallel_sections_equal_numpy(rng):
+    for steps in (4, 1):
+        x0 = rng.uniform(-1, 1, 50)
+        x, v = qd.ndarray(qd.f64, 50), qd.ndarray(qd.f64, 50)
+        counter, inner = qd.ndarray(qd.i32, ()), qd.ndarray(qd.i32, ())
+        x.from_numpy(x0)
+        counter.from_numpy(np.array(steps, np.int32))
+        damped(x, v, counter, inner, 0.3)
+        want_x, want_v = _damped_ref(x0, steps, 0.3)
+        np.testing.assert_allclose(x.to_numpy(), want_x, rtol=1e-12)
+        np.testing.assert_allclose(v.to_numpy(), want_v, rtol=1e-12)
+        assert counter.to_numpy() == 0 and inner.to_numpy() == 0
+    assert damped.graph is True and "do_while" in repr(damped)
+
+
+def test_do_while_with_numpy_flags_keywords_and_closure_fields(rng):
+    total = qd.field(qd.f64, shape=())
+    a = rng.uniform(0, 1, 20)
+
+    @qd.kernel(graph=True)
+    def accumulate(values: F64, n: I32_0D):
+        while qd.graph.do_while(n):
+            for i in range(values.shape[0]):
+                total[None] += values[i]
+            n[()] = n[()] - 1
+
+    n = np.array(3, np.int32)
+    accumulate(n=n, values=a)
+    assert n[()] == 0
+    np.testing.assert_allclose(total[None], 3 * a.sum(), rtol=1e-12)
+    with pytest.raises(QuadrantsRuntimeError, match="kernel 'accumulate': qd_stream= is not compatible"):
+        accumulate(a, n, qd_stream=qd.create_stream())
+    with pytest.raises(qd.errors.QuadrantsTypeError, match="argument 'n': qd.graph.do_while.. needs a 0-d"):
+        accumulate(a, np.array([1], np.int32))
+
+
+def test_graph_constructs_outside_graph_kernels_are_located_errors():
+    def loop_in_plain(x: F64, n: I32_0D):
+        while qd.graph.do_while(n):
+            for i in range(x.shape[0]):
+                x[i] += 1.0
+
+    with pytest.raises(QuadrantsSyntaxError, match=r"(?s)in kernel 'loop_in_plain': qd.graph.do_while\(\) requires "
+                                                   r"@qd.kernel\(graph=True\).*test_graph.py\", line \d+"):
+        qd.kernel(loop_in_plain)
+
+    def region_in_plain(x: F64):
+        with qd.graph.parallel_context():
+            with qd.graph.parallel():
+                for i in range(x.shape[0]):
+                    x[i] += 1.0
+
+    with pytest.raises(QuadrantsSyntaxError, match=r"qd.graph.parallel_context\(\) requires @qd.kernel\(graph"):
+        qd.kernel(region_in_plain)
+
+
+def test_misplaced_graph_constructs_are_located_errors():
+    def in_a_for(x: F64, n: I32_0D):
+        for j in range(2):
+            while qd.graph.do_while(n):
+                x[j] += 1.0
+
+    def not_a_parameter(x: F64):
+        while qd.graph.do_while(x_count):  # noqa: F821
+            for i in range(x.shape[0]):
+                x[i] += 1.0
+
+    def section_alone(x: F64):
+        with qd.graph.parallel():
+            for i in range(x.shape[0]):
+                x[i] += 1.0
+
+    def mixed_region(x: F64):
+        with qd.graph.parallel_context():
+            x[0] = 1.0
+
+    def nested_region(x: F64, n: I32_0D):
+        with qd.graph.parallel_context():
+            with qd.graph.parallel():
+                while qd.graph.do_while(n):
+                    x[0] += 1.0
+
+    cases = [(in_a_for, "do_while.. must be at the kernel top level or directly inside a qd.graph.do_while"),
+             (not_a_parameter, "'x_count' is not a parameter of the kernel"),
+             (section_alone, "qd.graph.parallel.. must be directly inside 'with qd.graph.parallel_context"),
+             (mixed_region, "may contain only 'with qd.graph.parallel\\(\\):' sections"),
+             (nested_region, "do_while.. cannot be nested inside a qd.graph.parallel.. section")]
+    for fn, message in cases:
+        with pytest.raises(QuadrantsSyntaxError, match=f"(?s)in kernel '{fn.__name__}': .*{message}.*line \\d+"):
+            qd.kernel(graph=True)(fn)
+
+
+def test_graph_construct_functions_outside_kernels():
+    assert qd.graph.do_while(np.array(2, np.int32)) is True and qd.graph.do_while(0) is False
+    with qd.graph.parallel_context():
+        with qd.graph.parallel():
+            pass
+
+
 # -- the CUDA graph logic, with a stand-in driver (no GPU) -----------------------------------------------
 
 class _StandInDriver:
@@ -458,3 +594,18 @@ def test_cuda_graphs_off_launch_plainly_with_the_same_results(rng):
     for with_graph, plain, want in zip(*results, ref):
         np.testing.assert_allclose(with_graph, want, rtol=1e-10)
         np.testing.assert_array_equal(with_graph, plain)
+
+
+@pytest.mark.cuda
+def test_cuda_do_while_and_parallel_sections_equal_numpy(rng, on_cuda):
+    for steps in (5, 1, 3):
+        x0 = rng.uniform(-1, 1, 3000)
+        x, v = qd.ndarray(qd.f64, 3000), qd.ndarray(qd.f64, 3000)
+        counter, inner = qd.ndarray(qd.i32, ()), qd.ndarray(qd.i32, ())
+        x.from_numpy(x0)
+        counter.from_numpy(np.array(steps, np.int32))
+        damped(x, v, counter, inner, 0.3)
+        want_x, want_v = _damped_ref(x0, steps, 0.3)
+        np.testing.assert_allclose(x.to_numpy(), want_x, rtol=1e-10)
+        np.testing.assert_allclose(v.to_numpy(), want_v, rtol=1e-10)
+        assert counter.to_numpy() == 0

@@ -108,7 +108,8 @@ class _Source:
     def __init__(self, fn):
         self.fn = fn
         self.name = fn.__name__
-        self.filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
+        self.filename = fn.__code__.co_filename
+        self.regions: list = []     # parallel regions whose sections may be concurrent graph branches
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
         self.fdef = tree.body[0]
@@ -141,6 +142,9 @@ def _unwrap(src: _Source, stmts, in_loop: bool) -> list:
                                              "'with qd.graph.parallel():' sections")
                 _check_nowhere_else(src, section.body, "cannot be nested inside a qd.graph.parallel() section")
                 out += section.body
+            sections = [section for section in stmt.body if _with_of(section, "parallel")]
+            if all(_bounded_by_loops(section.body) for section in sections):
+                src.regions.append(tuple((section.lineno, section.end_lineno) for section in sections))
         elif _with_of(stmt, "parallel"):
             raise src.error(stmt, "qd.graph.parallel() must be directly inside 'with qd.graph.parallel_context():'")
         elif _loop_of(stmt):
@@ -157,6 +161,23 @@ def _unwrap(src: _Source, stmts, in_loop: bool) -> list:
                                              "qd.graph.do_while() body (not inside a for loop, an if or a while)")
             out.append(stmt)
     return out
+
+
+def _bounded_by_loops(stmts) -> bool:
+    """Whether a section's first and last statements (``qd.loop_config`` calls aside) are
+    parallel ``for`` loops: then its serial code is in tasks of its own, none shared with the
+    code around it, and the section can be a branch of its own in the graph."""
+    body = [s for s in stmts if not (isinstance(s, ast.Expr) and (
+        isinstance(s.value, ast.Constant) or (isinstance(s.value, ast.Call) and _named(s.value.func, "loop_config"))))]
+
+    def loop(stmt):
+        return isinstance(stmt, ast.For) and not (isinstance(stmt.iter, ast.Call) and _named(stmt.iter.func, "static"))
+
+    return bool(body) and loop(body[0]) and loop(body[-1])
+
+
+def _named(func, name: str) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == name) or (isinstance(func, ast.Name) and func.id == name)
 
 
 def _function(src: _Source, body: list, suffix: str):
@@ -205,7 +226,56 @@ def prepare(fn, graph: bool, make_kernel):
         node, name = uses[0]
         raise src.error(node, f"qd.graph.{name}() requires @qd.kernel(graph=True)")
     params = {p.arg: p for p in src.fdef.args.args}
-    return _split(src, _unwrap(src, src.fdef.body, False), params, make_kernel, "")
+    body = _unwrap(src, src.fdef.body, False)
+
+    def make(f):
+        kernel = make_kernel(f)
+        kernel.graph_sections = (src.filename, tuple(src.regions))    # read by targets/cuda/graphs.py
+        return kernel
+
+    return _split(src, body, params, make, "")
+
+
+def section_labels(sections, locs) -> list:
+    """Per task (its ``file:line``): ``(region, section)`` of the parallel section it lies in,
+    or None. ``sections``: a kernel's ``graph_sections`` (None: no region)."""
+    if not sections:
+        return [None] * len(locs)
+    filename, regions = sections
+    out = []
+    for loc in locs:
+        file, _, line = loc.rpartition(":")
+        label = None
+        if file == filename and line.isdigit():
+            label = next(((r, s) for r, region in enumerate(regions) for s, (first, last) in enumerate(region)
+                          if first <= int(line) <= last), None)
+        out.append(label)
+    return out
+
+
+def dependencies(labels) -> list:
+    """The graph nodes each task's node waits for (indices of earlier tasks), from
+    :func:`section_labels`: a task outside a section waits for everything before it (a chain);
+    the tasks of one section chain after the node before their region, concurrent with the
+    other sections' chains, and the first task after the region waits for the end of every chain."""
+    deps, frontier = [], []
+    region, chains, base = None, {}, []
+    for k, label in enumerate(labels):
+        if label is not None and label[0] == region:
+            section = label[1]
+        else:
+            if region is not None:      # the region ends: join its chains
+                frontier = [node for tail in chains.values() for node in tail]
+                region, chains = None, {}
+            if label is not None:       # a region begins
+                region, section, base = label[0], label[1], frontier
+        if region is None:
+            deps.append(frontier)
+            frontier = [k]
+        else:
+            deps.append(chains.get(section, base))
+            chains[section] = [k]
+    return deps
 
 
 def _split(src: _Source, body: list, params: dict, make_kernel, suffix: str):

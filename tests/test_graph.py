@@ -362,8 +362,8 @@ class _StandInDriver:
         return 0
 
     def cuGraphAddKernelNode(self, out, graph, deps, ndeps, params):
-        dep = deps._obj.value if deps is not None else None
-        self.calls.append(("add", self._new(out), dep, ndeps, self._params(params)))
+        waits = tuple(deps[:ndeps]) if deps is not None else ()
+        self.calls.append(("add", self._new(out), waits, ndeps, self._params(params)))
         return 0
 
     def cuGraphInstantiateWithFlags(self, out, graph, flags):
@@ -401,7 +401,7 @@ def _stand_in_plan(grids, first_args):
         keep.append((cells, argv))
         packed[PACK_HEAD + PACK_TASK * k:PACK_HEAD + PACK_TASK * (k + 1)] = (0x500 + k, grid, 128,
                                                                               ctypes.addressof(argv))
-        launches.append(types.SimpleNamespace(argv=ctypes.addressof(argv)))
+        launches.append(types.SimpleNamespace(argv=ctypes.addressof(argv), task=types.SimpleNamespace(loc=f"k.py:{k}")))
     plan = types.SimpleNamespace(kernel=types.SimpleNamespace(name="stand_in"), packed=packed, launches=launches)
     return plan, keep
 
@@ -420,7 +420,7 @@ def test_cuda_graph_builds_once_patches_only_dirty_nodes_and_replays(monkeypatch
     assert kinds == ["create", "add", "add", "add", "instantiate", "enable", "launch"]
     adds = [c for c in driver.calls if c[0] == "add"]
     assert [a[4] for a in adds] == [(0x500, 4, 128, 11), (0x501, 1, 128, 22), (0x502, 1, 128, 33)]
-    assert [a[2:4] for a in adds] == [(None, 0), (adds[0][1], 1), (adds[1][1], 1)]    # a chain
+    assert [a[2:4] for a in adds] == [((), 0), ((adds[0][1],), 1), ((adds[1][1],), 1)]    # a chain
     assert driver.calls[5] == ("enable", adds[1][1], 0)
     exec_ = driver.calls[4][1]
     assert driver.calls[6] == ("launch", exec_, None)
@@ -472,6 +472,63 @@ def test_cuda_graph_build_failure_frees_the_graph_and_the_next_call_builds_again
     g.launch(0)
     adds = [c[4] for c in driver.calls if c[0] == "add"]
     assert adds == [(0x500, 2, 128, 5), (0x501, 3, 128, 6)] and len(g.params) == 2 and g.builds == 1
+
+
+def test_parallel_sections_become_concurrent_branches_between_a_fork_and_a_join(monkeypatch):
+    from qd_numba import graph
+    from qd_numba.targets.cuda import graphs
+
+    # tasks: before, region 0 (sections 0, 0, 1), after, region 1 (sections 0, 1), a loop of another file
+    labels = [None, (0, 0), (0, 0), (0, 1), None, (1, 0), (1, 1), None]
+    assert graph.dependencies(labels) == [[], [0], [1], [0], [2, 3], [4], [4], [5, 6]]
+    assert graph.dependencies([None, None]) == [[], [0]]
+    assert graph.dependencies([(0, 0), (0, 1)]) == [[], []]
+    sections = ("k.py", (((10, 12), (13, 15)),))
+    assert graph.section_labels(sections, ["k.py:9", "k.py:11", "k.py:14", "other.py:11", "k.py:16"]) == \
+        [None, (0, 0), (0, 1), None, None]
+    assert graph.section_labels(None, ["k.py:11"]) == [None]
+
+    driver = _StandInDriver()
+    monkeypatch.setattr(graphs, "_api", driver)
+    plan, keep = _stand_in_plan([1, 2, 3, 4], [1, 2, 3, 4])
+    for launch, line in zip(plan.launches, (9, 11, 14, 16)):
+        launch.task.loc = f"k.py:{line}"
+    plan.kernel.graph_sections = sections
+    graphs.CudaGraph(plan).launch(0)
+    adds = [c for c in driver.calls if c[0] == "add"]
+    nodes = [a[1] for a in adds]
+    assert [a[2] for a in adds] == [(), (nodes[0],), (nodes[0],), (nodes[1], nodes[2])]
+
+
+def test_kernels_record_the_parallel_regions_whose_sections_are_bounded_by_loops():
+    def regions(x: F64, y: F64, n: I32_0D):
+        with qd.graph.parallel_context():        # both sections start and end with loops
+            with qd.graph.parallel():
+                for i in range(x.shape[0]):
+                    x[i] += 1.0
+                qd.loop_config(block_dim=64)
+                for i in range(x.shape[0]):
+                    x[i] *= 2.0
+            with qd.graph.parallel():
+                for i in range(y.shape[0]):
+                    y[i] -= 1.0
+        with qd.graph.parallel_context():        # a section ending with serial code: in order
+            with qd.graph.parallel():
+                for i in range(x.shape[0]):
+                    x[i] += 1.0
+                n[()] = 1
+            with qd.graph.parallel():
+                y[0] = 0.0
+
+    kernel = qd.kernel(graph=True)(regions)
+    filename, recorded = kernel.graph_sections
+    first = regions.__code__.co_firstlineno
+    assert filename == regions.__code__.co_filename
+    assert recorded == (((first + 2, first + 7), (first + 8, first + 10)),)
+    x, y, n = np.zeros(4), np.zeros(4), np.zeros((), np.int32)
+    from qd_numba.graph import section_labels
+    labels = section_labels(kernel.graph_sections, [t.loc for t in kernel.tasks(x, y, n)])
+    assert labels[:3] == [(0, 0), (0, 0), (0, 1)] and set(labels[3:]) == {None}
 
 
 class _RecordingGraph:

@@ -2,7 +2,8 @@
 
 A :class:`CudaGraph` belongs to one :class:`~qd_numba.targets.cuda.plan.LaunchPlan`. On the
 plan's first launch it builds a graph of explicit kernel nodes, one per task, each depending on
-the one before (the tasks' program order; a graph kernel never fuses), from the plan's packed
+the one before (the tasks' program order; a graph kernel never fuses) except the sections of a
+``qd.graph.parallel_context()`` region, which are independent branches, from the plan's packed
 launch array (function, grid, block, ``void*[]`` parameter array) and instantiates it. Every
 later call is one ``cuGraphLaunch`` on the legacy default stream, where the plain launches and
 qd_numba's copies run. The generated runner (plan.py ``_runner_source``) tells :meth:`launch`
@@ -21,6 +22,7 @@ import ctypes
 import weakref
 
 from ...errors import QuadrantsRuntimeError
+from ...graph import dependencies, section_labels
 from .runtime import PACK_HEAD, PACK_TASK, _check, _driver
 
 
@@ -91,6 +93,10 @@ class CudaGraph:
         self.name = plan.kernel.name
         self.packed = plan.packed          # int64 launch words (plan.py keeps the grids there)
         self.argvs = [launch.argv for launch in plan.launches]
+        # the nodes each node waits for: a chain, but for the sections of qd.graph.parallel
+        # regions, which are concurrent branches (graph.py)
+        self.deps = dependencies(section_labels(getattr(plan.kernel, "graph_sections", None),
+                                                [launch.task.loc for launch in plan.launches]))
         self.count = len(plan.launches)
         self.nodes: list[int] = []
         self.params: list[_KernelNodeParams] = []
@@ -123,17 +129,16 @@ class CudaGraph:
         exec_ = ctypes.c_void_p()
         try:
             self.params, self.nodes, grids = [], [], []
-            prev = None
             for k in range(self.count):
                 self.params.append(_KernelNodeParams(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1,
                                                      sharedMemBytes=0, kernelParams=self.argvs[k]))
                 grids.append(self._fill(k))
                 node = ctypes.c_void_p()
-                _ok(drv.cuGraphAddKernelNode(ctypes.byref(node), graph, None if prev is None else ctypes.byref(prev),
-                                             0 if prev is None else 1, ctypes.byref(self.params[k])),
+                deps = (ctypes.c_void_p * max(1, len(self.deps[k])))(*(self.nodes[j] for j in self.deps[k]))
+                _ok(drv.cuGraphAddKernelNode(ctypes.byref(node), graph, deps if self.deps[k] else None,
+                                             len(self.deps[k]), ctypes.byref(self.params[k])),
                     f"cuGraphAddKernelNode (kernel '{self.name}', task {k})")
                 self.nodes.append(node.value)
-                prev = node
             _ok(drv.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0),
                 f"cuGraphInstantiate (kernel '{self.name}')")
         except BaseException:

@@ -666,3 +666,42 @@ def test_cuda_do_while_and_parallel_sections_equal_numpy(rng, on_cuda):
         np.testing.assert_allclose(x.to_numpy(), want_x, rtol=1e-10)
         np.testing.assert_allclose(v.to_numpy(), want_v, rtol=1e-10)
         assert counter.to_numpy() == 0
+
+
+@pytest.mark.cuda
+def test_cuda_parallel_sections_are_concurrent_branches_with_plain_results(rng, on_cuda):
+    steps = 400
+
+    @qd.kernel(graph=True)
+    def two_chains(a: F64, b: F64, out: F64):
+        with qd.graph.parallel_context():
+            with qd.graph.parallel():
+                for i in range(a.shape[0]):
+                    v = a[i]
+                    for _ in range(steps):
+                        v = qd.sin(v) * 0.9
+                    a[i] = v
+                for i in range(a.shape[0]):
+                    a[i] = a[i] + 1.0
+            with qd.graph.parallel():
+                for i in range(b.shape[0]):
+                    v = b[i]
+                    for _ in range(steps):
+                        v = qd.cos(v) * 0.9
+                    b[i] = v
+        for i in range(out.shape[0]):
+            out[i] = a[i] - b[i]
+
+    a0, b0 = rng.uniform(-1, 1, 4096), rng.uniform(-1, 1, 4096)
+    ra, rb = a0.copy(), b0.copy()
+    for _ in range(steps):
+        ra, rb = np.sin(ra) * 0.9, np.cos(rb) * 0.9
+    ra = ra + 1.0
+    for _ in range(3):       # replays
+        a, b, out = a0.copy(), b0.copy(), np.zeros(4096)
+        two_chains(a, b, out)
+        np.testing.assert_allclose(a, ra, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b, rb, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(out, ra - rb, rtol=1e-9, atol=1e-12)
+    graph = two_chains.backend().plan_for((a, b, out)).graph
+    assert graph.deps == [[], [0], [], [1, 2]]

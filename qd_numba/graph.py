@@ -49,7 +49,9 @@ def stream_error(name: str) -> QuadrantsRuntimeError:
 #
 # * ``with qd.graph.parallel_context():`` / ``with qd.graph.parallel():`` blocks are unwrapped: the
 #   sections run one after the other, in source order (correct under their contract: no section
-#   reads what another writes), as Quadrants runs them off CUDA;
+#   reads what another writes), as Quadrants runs them off CUDA; the line ranges of the sections
+#   of a region whose sections start and end with loops are kept (``Kernel.graph_sections``), and
+#   a CUDA graph makes their tasks concurrent branches (:func:`section_labels`, :func:`dependencies`);
 # * ``while qd.graph.do_while(flag):`` splits the kernel into kernels of the same parameters: the
 #   statements before the loop, its body (split again when it holds another loop), the statements
 #   after it. :class:`DoWhileKernel` runs them: the body at least once, again while the 0-d ndarray
@@ -128,7 +130,7 @@ def _check_nowhere_else(src: _Source, stmts, where: str) -> None:
                     raise src.error(node, f"qd.graph.{name}() {where}")
 
 
-def _unwrap(src: _Source, stmts, in_loop: bool) -> list:
+def _unwrap(src: _Source, stmts) -> list:
     """The statements of one level (kernel top or a do_while body) with parallel regions
     unwrapped; checks where the constructs are."""
     out = []
@@ -154,7 +156,7 @@ def _unwrap(src: _Source, stmts, in_loop: bool) -> list:
             if not isinstance(flag, ast.Name):
                 raise src.error(stmt, "qd.graph.do_while() takes one argument, the name of a 0-d qd.i32 ndarray "
                                       "parameter of the kernel")
-            stmt.body = _unwrap(src, stmt.body, True)
+            stmt.body = _unwrap(src, stmt.body)
             out.append(stmt)
         else:
             _check_nowhere_else(src, [stmt], "must be at the kernel top level or directly inside a "
@@ -226,7 +228,7 @@ def prepare(fn, graph: bool, make_kernel):
         node, name = uses[0]
         raise src.error(node, f"qd.graph.{name}() requires @qd.kernel(graph=True)")
     params = {p.arg: p for p in src.fdef.args.args}
-    body = _unwrap(src, src.fdef.body, False)
+    body = _unwrap(src, src.fdef.body)
 
     def make(f):
         kernel = make_kernel(f)

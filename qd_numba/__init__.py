@@ -11,6 +11,7 @@ from .ops import matrix_methods as _matrix_methods  # noqa: F401
 from .typing import intrinsics as _intrinsics
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
+    graph,  # noqa: E402  (qd.graph namespace: do_while, parallel_context, parallel)
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)

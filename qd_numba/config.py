@@ -88,6 +88,7 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
+    cuda_graph: bool = True             # QD_GRAPH: @qd.kernel(graph=True) replays CUDA graphs (off: plain launches)
     ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     ad_stack_sizer: str = "auto"        # QD_AD_STACK_SIZER: auto | host | device (per-thread bounds' max-reduction)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
@@ -192,6 +193,7 @@ def config_from_env(**overrides) -> Config:
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
+        cuda_graph=env_flag("QD_GRAPH", True),
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),

@@ -34,6 +34,7 @@ from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ...passes.task_ir import cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
+from . import graphs
 from . import tasks as cuda_tasks
 from . import toolchain
 from .arrays import _view_type
@@ -115,6 +116,10 @@ class LaunchPlan:
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
         self.stream_blocks = stream_blocks(self)    # qd.stream_parallel() groups: fork/join (stream_pool.py)
         self._run_on_stream = None
+        # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless graphs are off
+        # (QD_GRAPH=0) or each task must be launched and checked alone (debug) or timed (profiler)
+        self.graph = graphs.CudaGraph(self) if kernel.graph and config.current.cuda_graph and launches \
+            and not self.error_words and self.timer is None and kernel.autodiff_mode is None else None
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -263,27 +268,43 @@ def _runner_source(plan, on_stream=False):
     ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
     state, body = [], []
+    graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
+    if graph is not None:   # dirty: a bit per graph node that reads a cell this call changes
+        ns["graph"] = graph
+        body.append("dirty = 0")
+
+    def dirties(i, name):
+        """The line marking the nodes that read parameter ``name`` (graph plans only)."""
+        if graph is None:
+            return []
+        ns[f"m{i}"] = graph.node_mask(lambda k: name in plan.launches[k].binary.runtime_args)
+        return [f"dirty |= m{i}"]
+
     for i, (name, kind) in enumerate(params):
         if kind == "template" or name not in plan.cells:
             continue
         if kind == "scalar":
             (cell,) = plan.cells[name]
             ns[f"c{i}"] = cell
-            body.append(f"c{i}.value = a{i}")
+            if graph is None:
+                body.append(f"c{i}.value = a{i}")
+            else:   # a node is patched only when the value changed
+                state.append(f"s{i} = UNSET")
+                body += [f"if a{i} != s{i}:", f"    s{i} = c{i}.value = a{i}", *(f"    {d}" for d in dirties(i, name))]
         elif kind == "matrix":  # a qd.Vector/Matrix (see CudaKernel): one cell per element
             ns[f"c{i}"] = tuple(plan.cells[name])
             body += [f"for cell, x in zip(c{i}, a{i}.entries.reshape(-1).tolist()):",
-                     "    cell.value = x"]
+                     "    cell.value = x", *dirties(i, name)]
         elif kind == "struct":  # a qd.Struct: one cell per leaf element, in the data model's order
             ns[f"c{i}"] = tuple(plan.cells[name])
             body += [f"for cell, x in zip(c{i}, a{i}._flat_tuple()):",
-                     "    cell.value = x"]
+                     "    cell.value = x", *dirties(i, name)]
         else:
             ns[f"n{i}"] = name
             state += [f"last{i} = None", f"key{i} = None"]
             body += [f"if v{i} is not last{i}:",
                      f"    last{i} = v{i}",
-                     f"    key{i} = plan._patch_view(n{i}, v{i}, key{i})"]
+                     f"    key{i} = plan._patch_view(n{i}, v{i}, key{i})", *(f"    {d}" for d in dirties(i, name))]
     if plan.totals_fn is not None:
         changed = []
         for i in plan.totals_args:
@@ -297,6 +318,9 @@ def _runner_source(plan, on_stream=False):
                  *(f"    {t} = a{i}" for t, i in zip(tracked, plan.totals_args)),
                  # ndarrays as their views: every array kind (DLPack producers too) has .shape there
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
+        if graph is not None:   # the nodes of loops with host iteration counts get their new grids
+            ns["mt"] = graph.node_mask(lambda k: plan.launches[k].total_index is not None)
+            body.append("    dirty |= mt")
     ns["timer"] = plan.timer
     if plan.written:
         ns["written"], ns["next_generation"] = plan.written, next_generation
@@ -315,6 +339,8 @@ def _runner_source(plan, on_stream=False):
                    *(["    if nonblocking: rt.fence(stream, 0)"] if on_stream else []),
                    "    if rt.read_i32(error_word_of[k]):",
                    "        break"]
+    elif graph is not None:
+        launch.append("graph.launch(dirty)")
     else:
         if plan.timer is not None:
             ns["packed"] = plan.packed.ctypes.data

@@ -10,6 +10,7 @@ from .lowering import struct as _lowering_struct  # noqa: F401
 from .ops import matrix_methods as _matrix_methods  # noqa: F401
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
+    linalg,  # noqa: E402  (qd.linalg namespace)
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)

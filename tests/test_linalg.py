@@ -144,6 +144,24 @@ def test_builder_filled_in_a_kernel_builds_the_matrix(rng, dtype):
     np.testing.assert_allclose(builder.build().to_numpy(), _dense(rows2, cols2, vals2, (n, m)), rtol=1e-5, atol=1e-5)
 
 
+@qd.kernel
+def fill_conditional(A: qd.types.sparse_matrix_builder(), v: qd.types.ndarray()):
+    for i in range(v.shape[0]):
+        A[i, 0] += v[i] if v[i] > 0 else -v[i]     # the value's branches split the update's blocks
+        A[i, 1] -= 2.0 * v[i]
+        A[0, 2] += 1.0                             # constant index
+
+
+def test_builder_updates_with_conditional_values_and_constant_indices(rng):
+    pytest.importorskip("scipy")
+    v = rng.standard_normal(9)
+    builder = qd.linalg.SparseMatrixBuilder(9, 3, max_num_triplets=27, dtype=qd.f64)
+    fill_conditional(builder, v)
+    expected = np.zeros((9, 3))
+    expected[:, 0], expected[:, 1], expected[0, 2] = np.abs(v), -2 * v, 9.0
+    np.testing.assert_allclose(builder.build().to_numpy(), expected)
+
+
 def test_builder_overflow_and_misuse_are_our_errors(rng):
     pytest.importorskip("scipy")
     builder = qd.linalg.SparseMatrixBuilder(4, 4, max_num_triplets=3, dtype=qd.f64)

@@ -65,9 +65,10 @@ class RewriteStructs:
         self.state, self.ir = state, state.ir
         changed = False
         state.refresh_definitions()
+        # O[I] op= V across blocks (V a conditional expression): its pieces, by variable name
+        self.object_reads, self.object_reads_used, self.object_updates = {}, set(), {}
         for block in state.func_ir.blocks.values():
             self.block, self.out, self.member_vars = block, [], {}
-            self.object_reads, self.object_updates = {}, {}
             block_changed = False
             for k, stmt in enumerate(block.body):
                 self.loc, self.following = stmt.loc, block.body[k + 1:k + 4]
@@ -75,10 +76,10 @@ class RewriteStructs:
                     block_changed = True
                 else:
                     self.out.append(stmt)
-            self._check_object_items_used()
             if block_changed:
                 block.body = self.out
                 changed = True
+        self._check_object_items_used()
         if changed:
             state.refresh_definitions()
         return changed
@@ -128,10 +129,11 @@ class RewriteStructs:
     # -- the rows of the table -----------------------------------------------------------------------------
     def _rewrite(self, stmt) -> bool:
         ir = self.ir
+        if isinstance(stmt, ir.Assign) and isinstance(stmt.value, (ir.Expr, ir.Var)) \
+                and self._object_item_update(stmt, stmt.value):
+            return True
         if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr):
             expr = stmt.value
-            if self._object_item_update(stmt, expr):
-                return True
             if expr.op == "call":
                 return self._constructor(stmt, expr) or self._method_call(stmt, expr)
             if expr.op == "getattr":
@@ -189,16 +191,22 @@ class RewriteStructs:
     # ``O[I] op= V`` is ``$t = O[I]; $u = inplace_binop(op, $t, V); O[I] = $u`` (V computed between):
     # the read and the binop are dropped, the store becomes the call
     def _object_item_update(self, stmt, expr) -> bool:
+        if isinstance(expr, self.ir.Var):
+            if expr.name not in self.object_reads:
+                return False
+            self.object_reads[stmt.target.name] = self.object_reads[expr.name]   # a copy into a $phi
+            self.object_reads_used.add(expr.name)
+            return True
         if expr.op in ("getitem", "static_getitem"):
             obj = try_static(self.state, expr.value)
             if obj is MISSING or not hasattr(type(obj), "qd_subscript_updates"):
                 return False
             self.object_reads[stmt.target.name] = self.loc
             return True
-        if expr.op == "inplace_binop" and expr.lhs.name in self.object_reads:
+        if getattr(expr, "op", None) == "inplace_binop" and expr.lhs.name in self.object_reads:
             if expr.fn not in _UPDATE_OPS:
                 raise self._object_item_error()
-            del self.object_reads[expr.lhs.name]
+            self.object_reads_used.add(expr.lhs.name)
             self.object_updates[stmt.target.name] = (_UPDATE_OPS[expr.fn], expr.rhs, self.loc)
             return True
         return False
@@ -221,7 +229,8 @@ class RewriteStructs:
 
     def _check_object_items_used(self) -> None:
         """An element read (``A[i, j]`` as a value) or update left without its store: our error."""
-        locs = [*self.object_reads.values(), *(loc for _, _, loc in self.object_updates.values())]
+        locs = [loc for name, loc in self.object_reads.items() if name not in self.object_reads_used]
+        locs += [loc for _, _, loc in self.object_updates.values()]
         if locs:
             self.loc = locs[0]
             raise self._object_item_error()

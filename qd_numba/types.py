@@ -86,6 +86,12 @@ class sparse_matrix_builder(Template):
     def __repr__(self):
         return "qd.types.sparse_matrix_builder()"
 
+    @staticmethod
+    def check_argument(where: str, value) -> None:
+        if not hasattr(type(value), "qd_subscript_updates"):
+            raise QuadrantsTypeError(f"{where}: a qd.types.sparse_matrix_builder() parameter takes a "
+                                     f"qd.linalg.SparseMatrixBuilder, got {type(value).__name__}")
+
 
 template = Template
 __all__ = ["ndarray", "sparse_matrix_builder",

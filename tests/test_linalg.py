@@ -184,6 +184,8 @@ def test_builder_overflow_and_misuse_are_our_errors(rng):
 
     with pytest.raises(qd.QuadrantsSyntaxError, match=r"A\[i, j\] \+= v"):
         assign_entry(builder)
+    with pytest.raises(qd.QuadrantsTypeError, match="argument 'A'.*takes a qd.linalg.SparseMatrixBuilder, got Field"):
+        fill_conditional(qd.field(qd.f64, shape=3), np.ones(3))
 
 
 def _matrix(rng, n, m, dtype):

@@ -12,6 +12,7 @@ from .typing import intrinsics as _intrinsics
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
     graph,  # noqa: E402  (qd.graph namespace: do_while, parallel_context, parallel)
+    linalg,  # noqa: E402  (qd.linalg namespace)
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)

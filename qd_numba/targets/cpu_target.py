@@ -27,6 +27,7 @@ from ..frontend.args import (
     int_range,
     ndarray_type,
     scalar_argument,
+    template_argument,
     template_key,
 )
 from ..frontend.diagnostics import compile_error
@@ -195,7 +196,7 @@ class CpuKernel(KernelBackend):
         for p, a in zip(self.kernel.params, args):
             where = argument_where(self.kernel, p)
             if p.kind == "template":
-                templates[p.name] = a
+                templates[p.name] = template_argument(where, p, a)
             elif p.kind == "scalar":
                 scalar_argument(where, p, a)
                 types_[p.name] = p.nbtype

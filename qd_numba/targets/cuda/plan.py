@@ -26,6 +26,7 @@ from numba.core import types
 
 from ... import adstack, config, offline_cache, profiler
 from ...field import Ndarray, next_generation, written_by
+from ...frontend.args import template_argument
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
@@ -495,7 +496,7 @@ def plan_types(kernel, args, views):
     for p, a in zip(kernel.params, args):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
         if p.kind == "template":
-            templates[p.name] = a
+            templates[p.name] = template_argument(where, p, a)
         elif p.kind in ("scalar", "matrix", "struct"):
             param_types[p.name] = p.nbtype
         else:

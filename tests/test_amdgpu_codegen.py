@@ -34,7 +34,7 @@ LLD = Toolchain.current().lld
 
 def _compile(kernel, param_types, templates=None):
     """{task kind: CompiledAmdgpuTask for gfx942}, tasks in order."""
-    tasks = compile_check(kernel, param_types, templates or {})
+    tasks = compile_check(kernel, param_types, templates or {}, keep_text=True)
     return [t["gfx942"] for t in tasks]
 
 
@@ -174,7 +174,7 @@ def test_arch_list_compiles_each_processor(monkeypatch):
         for i in range(a.shape[0]):
             a[i] = i
 
-    (task,) = compile_check(fill, {"a": F32}, {})
+    (task,) = compile_check(fill, {"a": F32}, {}, keep_text=True)
     assert sorted(task) == ["gfx90a", "gfx942"]
     assert '.amdgcn_target "amdgcn-amd-amdhsa--gfx90a' in task["gfx90a"].asm
 

@@ -570,12 +570,18 @@ class CompiledAmdgpuTask:
     error_symbol: str | None = None
     exception_of: Any = field(default=None, repr=False)
 
+    @property
+    def cubin(self) -> bytes | None:
+        """The loadable image under the name the CUDA target's ``plan_binary`` reads."""
+        return self.code_object
+
 
 def compile_lowered(lowered, arch: str, lld: list[str] | None, device_libs: list[str] | None,
-                    keep_text: bool = True) -> CompiledAmdgpuTask:
+                    keep_text: bool = False) -> CompiledAmdgpuTask:
     """A task kernel lowered by numba-cuda (``targets/cuda/compile.py`` ``LoweredTask``) -> amdgcn
     object and, with a linker, the code object. Device-library calls stay unresolved when
-    ``device_libs`` is None (reported in ``unresolved``; such a code object cannot load)."""
+    ``device_libs`` is None (reported in ``unresolved``; such a code object cannot load).
+    ``keep_text``: also keep the optimised LLVM IR and the assembly (QD_DUMP_IR, tests)."""
     llvm = _llvm()
     t0 = time.perf_counter()
     entry = lowered.entry_name
@@ -637,10 +643,12 @@ def _optimise(llvm, module, tm) -> None:
 class AmdgpuCodegen:
     """``submit``/``results`` as targets/cuda/compile.py's DeviceCodegen, for AMDGPU: each lowered
     task compiles for every processor of ``archs`` (on this thread; LLVM's AMDGPU codegen holds
-    the llvmlite lock)."""
+    the llvmlite lock); ``dump``: a text stream to print each task's IR and assembly to."""
 
-    def __init__(self, archs: tuple[str, ...], lld: list[str] | None, device_libs: dict[str, list[str] | None]):
-        self.archs, self.lld, self.device_libs = archs, lld, device_libs
+    def __init__(self, archs: tuple[str, ...], lld: list[str] | None, device_libs: dict[str, list[str] | None],
+                 keep_text: bool = False, dump=None):
+        self.archs, self.lld, self.device_libs, self.keep_text = archs, lld, device_libs, keep_text
+        self.dump = dump            # a text stream: print each task's IR and assembly there
         self.compiled: list[dict[str, CompiledAmdgpuTask]] = []
 
     def __enter__(self) -> AmdgpuCodegen:
@@ -650,8 +658,13 @@ class AmdgpuCodegen:
         return None
 
     def submit(self, lowered) -> None:
-        self.compiled.append({arch: compile_lowered(lowered, arch, self.lld, self.device_libs.get(arch))
-                              for arch in self.archs})
+        compiled = {arch: compile_lowered(lowered, arch, self.lld, self.device_libs.get(arch), self.keep_text)
+                    for arch in self.archs}
+        if self.dump is not None:
+            for arch, c in compiled.items():
+                print(f"=== qd_numba AMDGPU task kernel {c.entry_name} ({arch}) ===\n{c.llvm_ir}\n{c.asm}",
+                      file=self.dump)
+        self.compiled.append(compiled)
 
     def results(self) -> list[dict[str, CompiledAmdgpuTask]]:
         return self.compiled

@@ -19,7 +19,7 @@ from numba.core import types
 
 import qd_numba as qd
 from qd_numba import config
-from qd_numba.errors import QuadrantsCompilationError, QuadrantsRuntimeError, QuadrantsWarning
+from qd_numba.errors import QuadrantsCompilationError, QuadrantsConfigError, QuadrantsRuntimeError, QuadrantsWarning
 from qd_numba.targets.amdgpu import codegen
 from qd_numba.targets.amdgpu.plan import Toolchain, compile_check
 from qd_numba.targets.cuda.compile import numba_cuda_importable
@@ -181,7 +181,7 @@ def test_arch_list_compiles_each_processor(monkeypatch):
 
 def test_bad_arch_is_a_config_error(monkeypatch):
     monkeypatch.setattr(config.current, "amdgpu_arch", "sm_90")
-    with pytest.raises(QuadrantsCompilationError, match="sm_90.*gfx942"):
+    with pytest.raises(QuadrantsConfigError, match="sm_90.*gfx942"):
         Toolchain.current()
 
 

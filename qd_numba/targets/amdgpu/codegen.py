@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import profiler
-from ...errors import QuadrantsCompilationError
+from ...errors import QuadrantsCompilationError, QuadrantsConfigError
 
 TRIPLE = "amdgcn-amd-amdhsa"
 
@@ -451,8 +451,8 @@ def target_machine(arch: str):
 def check_arch(arch: str) -> str:
     """``arch`` if LLVM's AMDGPU back end knows it, else our error listing the form expected."""
     if not re.fullmatch(r"gfx[0-9a-f]{3,5}", arch):
-        raise QuadrantsCompilationError(f"amdgpu_arch: {arch!r} is not an AMDGPU processor name (gfx942, gfx90a, "
-                                    "gfx1100, ...)")
+        raise QuadrantsConfigError(f"amdgpu_arch: {arch!r} is not an AMDGPU processor name (gfx942, gfx90a, "
+                                   "gfx1100, ...; QD_AMDGPU_ARCH)")
     return arch
 
 

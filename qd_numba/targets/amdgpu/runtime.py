@@ -222,7 +222,11 @@ class HipRuntime:
 
 
 def ensure_device(data) -> None:
-    """Give a field/qd.ndarray its HIP buffer (from its host data, the first time)."""
+    """Give a field/qd.ndarray its HIP buffer (from its host data, the first time). Fields of an
+    SNode tree (``qd.root.dense(...).place(...)``) are refused: their tree has no HIP storage yet."""
+    if getattr(data, "_tree", None) is not None:
+        raise QuadrantsRuntimeError(f"field {getattr(data, 'name', '') or ''!r} is placed in an SNode tree; SNode "
+                                    "trees are not supported on qd.amdgpu yet (docs/amdgpu.md)")
     if not isinstance(data._dev, HipArray):
         dev = HipArray(data._arr.shape, data._arr.dtype)
         dev.copy_to_device(data._arr)

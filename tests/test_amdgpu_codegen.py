@@ -10,6 +10,7 @@ run of the same kernels; tests marked ``amdgpu`` run them on an AMD GPU (``--arc
 
 from __future__ import annotations
 
+import ctypes
 import re
 import warnings
 
@@ -258,3 +259,103 @@ def test_gpu_fallback_order(monkeypatch):
     with pytest.raises(QuadrantsRuntimeError, match="no cuda"):
         qd.init(arch=qd.gpu, enable_fallback=False)
     qd.init(arch=qd.cpu)
+
+
+class _FakeHip:
+    """hip-python's calls that the runtime makes, over host memory: launches are recorded, not run."""
+
+    class hipError_t:  # noqa: N801 - hip-python's name
+        hipSuccess = 0
+
+    class hipDeviceProp_t:  # noqa: N801
+        gcnArchName = b"gfx942:sramecc+:xnack-"
+        multiProcessorCount = 304
+        maxThreadsPerMultiProcessor = 2048
+
+    hipEventDisableTiming = 2
+
+    def __init__(self):
+        self.buffers, self.launches = [], []
+
+    def hipGetErrorString(self, err):
+        return b"hipErrorFake"
+
+    def hipInit(self, flags):
+        return (0,)
+
+    def hipSetDevice(self, device):
+        return (0,)
+
+    def hipGetDeviceCount(self):
+        return (0, 1)
+
+    def hipGetDeviceProperties(self, props, device):
+        return (0,)
+
+    def hipMalloc(self, nbytes):
+        buf = np.zeros(nbytes, np.uint8)
+        self.buffers.append(buf)
+        return (0, buf.ctypes.data)
+
+    def hipFree(self, address):
+        return (0,)
+
+    def hipMemcpyHtoD(self, dst, src, nbytes):
+        ctypes.memmove(dst, np.ascontiguousarray(src).ctypes.data, nbytes)
+        return (0,)
+
+    def hipMemcpyDtoH(self, dst, src, nbytes):
+        ctypes.memmove(dst.ctypes.data, src, nbytes)
+        return (0,)
+
+    def hipModuleLoadData(self, image):
+        return (0, ("module", image))
+
+    def hipModuleGetFunction(self, module, name):
+        return (0, name.decode())
+
+    def hipModuleOccupancyMaxPotentialBlockSize(self, fn, shared, limit):
+        return (0, 1216, 256)
+
+    def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        self.launches.append((fn, gx, bx, params))
+        return (0,)
+
+
+def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
+    """The AMDGPU launch plan over a stand-in for hip-python: one hipModuleLaunchKernel per task
+    with the task's grid and block and a void*[] whose cells hold the kernel's arguments in the
+    kernarg layout (field table, temporaries, then each array as meminfo, parent, nitems,
+    itemsize, data, shape, strides, and the scalars)."""
+    from qd_numba.targets.amdgpu import kernel as amd_kernel
+    from qd_numba.targets.amdgpu import runtime as amd_runtime
+
+    fake = _FakeHip()
+    monkeypatch.setattr(amd_runtime, "_hip_python", lambda: fake)
+    monkeypatch.setattr(amd_runtime, "_hip_library_loads", lambda: True)
+    monkeypatch.setattr(amd_runtime.HipRuntime, "_instance", None)
+    monkeypatch.setattr(Toolchain, "require_linker", lambda self: None)
+
+    @qd.kernel
+    def axpy(x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1), a: qd.f32):
+        for i in range(x.shape[0]):
+            y[i] = a * x[i] + y[i]
+
+    x, y = rng.random(5000).astype(np.float32), rng.random(5000).astype(np.float32)
+    backend = amd_kernel.AmdgpuKernel(axpy)
+    plan, views = backend._plan((x, y, 2.5))
+    (launch,) = plan.launches
+    assert launch.binary.kind == "range_for" and launch.block == 256
+    assert launch.grid == 304 * 2048 // 256                 # the saturating grid
+    plan.run((x, y, 2.5), views)
+    (fn, grid, block, argv) = fake.launches[-1]
+    assert fn == launch.binary.entry_name and block == 256 and grid == -(-5000 // 256)
+    slots = launch.binary.slots
+    pointers = (ctypes.c_void_p * len(slots)).from_address(argv)
+    fmt_ctypes = {"Q": ctypes.c_uint64, "q": ctypes.c_int64, "f": ctypes.c_float}
+    values = [fmt_ctypes[fmt].from_address(p).value for (_name, fmt), p in zip(slots, pointers)]
+    x_words, y_words = [0, 0, 5000, 4, views["x"][0], 5000, 4], [0, 0, 5000, 4, views["y"][0], 5000, 4]
+    assert values[0] == plan.field_table.address and values[1] == plan.tmp.address
+    assert values[2:] == x_words + y_words + [2.5]
+    device_x = np.ctypeslib.as_array((ctypes.c_float * 5000).from_address(views["x"][0]))
+    assert np.array_equal(device_x, x)      # x's device copy

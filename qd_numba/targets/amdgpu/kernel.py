@@ -27,6 +27,7 @@ from ...field import Ndarray
 from ...frontend.args import template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
+from ...lowering.raising import device_exception
 from ..base import KernelBackend, Target
 from ..untyped import gc_paused
 from .plan import CODEGEN_STAGES, Toolchain, compile_kernel
@@ -77,10 +78,11 @@ class AmdgpuPlan:
 
     def __init__(self, kernel, binary, fields, functions):
         from ..cuda import tasks as cuda_tasks
-        from ..cuda.plan import _CTYPES, host_totals
+        from ..cuda.plan import _CTYPES, host_totals, read_return
 
         rt = self.rt = HipRuntime.get()
         self.kernel, self.binary, self.fields = kernel, binary, list(fields)
+        self.read_return = read_return
         self.tasks = [t.task for t in binary.tasks]
         self.field_table = rt.field_table(fields)
         self.tmp = HipArray((max(1, binary.temp_slots) * 64,), np.uint8)
@@ -128,20 +130,33 @@ class AmdgpuPlan:
                     continue
                 grid = min(grid, -(-n // launch.block))
             self.rt.launch(launch.fn, grid, launch.block, 0, ctypes.addressof(launch.argv))
-        for launch, address in self.error_words:
-            code = self.rt.read_i32(address)
-            if code:
-                self.rt.write_i32(address, 0)
-                cls, exc_args, _loc = launch.binary.exceptions[code]
-                raise QuadrantsRuntimeError(f"in kernel '{self.kernel.name}': {cls.__name__}{exc_args}")
+        self._raise_recorded()
         for _name, (_address, _shape, _strides, _itemsize, back) in views.items():
             if back is not None:
                 back()
         if self.binary.ret is None:
             return None
         offset, dtype, count = self.binary.ret
-        host = self.tmp.copy_to_host()[offset:offset + np.dtype(dtype).itemsize * count].view(dtype)
-        return host[0].item() if count == 1 else host.copy()
+        raw = self.tmp.copy_to_host()[offset:offset + np.dtype(dtype).itemsize * count]
+        return self.read_return(raw, np.dtype(dtype), self.kernel.return_type)
+
+    def _raise_recorded(self) -> None:
+        """The first exception a task recorded (debug mode), as the CUDA plan raises it; every
+        error word is cleared."""
+        recorded = []
+        for launch, address in self.error_words:
+            code = self.rt.read_i32(address)
+            if code:
+                self.rt.write_i32(address, 0)
+                recorded.append((launch, code))
+        if recorded:
+            launch, code = recorded[0]
+            cls, exc_args, loc = device_exception(code) or launch.binary.exceptions.get(
+                code, (SystemError, (f"unknown error {code} in native function",), None))
+            line = f"{loc[1]}:{loc[2]}" if loc else launch.binary.task.loc
+            where = f" (task {launch.binary.task.name}" + (f", {line}" if line else "") + ")"
+            err = self.kernel.runtime_error(cls(*exc_args) if exc_args else cls())
+            raise type(err)(f"{err}{where}") from None
 
 
 def _ndarray_view(where, a):

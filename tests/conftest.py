@@ -106,9 +106,10 @@ def _cuda_compile_check_opt_out(request):
         return
     from qd_numba import config
 
-    saved = config.current.cuda_compile_check
-    config.current.cuda_compile_check = False
+    saved = config.current.cuda_compile_check, config.current.amdgpu_compile_check
+    # the AMDGPU check lowers through numba-cuda too: what CUDA cannot compile, it cannot either
+    config.current.cuda_compile_check = config.current.amdgpu_compile_check = False
     try:
         yield
     finally:
-        config.current.cuda_compile_check = saved
+        config.current.cuda_compile_check, config.current.amdgpu_compile_check = saved

@@ -449,7 +449,8 @@ def target_machine(arch: str):
 
 
 def check_arch(arch: str) -> str:
-    """``arch`` if LLVM's AMDGPU back end knows it, else our error listing the form expected."""
+    """``arch`` if it has the form of an AMDGPU processor name (``gfx`` and 3 to 5 hex digits),
+    else our error; a well-formed name LLVM does not know gets LLVM's warning at codegen."""
     if not re.fullmatch(r"gfx[0-9a-f]{3,5}", arch):
         raise QuadrantsConfigError(f"amdgpu_arch: {arch!r} is not an AMDGPU processor name (gfx942, gfx90a, "
                                    "gfx1100, ...; QD_AMDGPU_ARCH)")

@@ -396,14 +396,15 @@ def compile_state(kernel, param_types, templates):
     return untyped_compile(kernel, IRTools.for_cuda(), param_types, templates, CODEGEN_STAGES)
 
 
-def compile_tasks(kernel, state, cc, field_slot):
+def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     """Compile every task kernel to a cubin. Each task is typed once, by numba-cuda as it lowers
     it, in program order: a value that crosses tasks through a temporary takes the type it has in
     the task that stores it, and the Tasks get their types from the typed task kernels together
     (passes/task_types.py, as the CPU target does), with no whole-kernel type inference. NVVM +
     nvJitLink of each task run on a pool while the next task lowers (compile.py). Returns
     (plan_ir, [(unit, task IR, compiled)], Numba type of each value passed through a temporary,
-    the return value's as "$qd_return")."""
+    the return value's as "$qd_return"). ``codegen``: what finishes the lowered tasks instead of
+    NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py)."""
     from numba.cuda.descriptor import cuda_target
 
     from .compile import DeviceCodegen, lower_task
@@ -415,7 +416,7 @@ def compile_tasks(kernel, state, cc, field_slot):
     return_type = None
     abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot, temp_types)
     lowered, pieces = [], []
-    with DeviceCodegen(config.current.compile_threads) as codegen:
+    with codegen or DeviceCodegen(config.current.compile_threads) as codegen:
         for unit in plan_ir.units:
             with profiler.stage("task split"):
                 tk = cut_task(state, unit, abi)
@@ -462,14 +463,15 @@ def kernel_field_slots(state):
     return lambda field: slots[id(field)]
 
 
-def compile_check(kernel, param_types, templates, cc=(9, 0)):
+def compile_check(kernel, param_types, templates, cc=(9, 0), codegen=None):
     """Compile every task of this kernel instance for CUDA down to cubins, without a GPU.
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
-    tasks; raises what a real CUDA compile would raise."""
+    tasks; raises what a real CUDA compile would raise. ``codegen``: as :func:`compile_tasks`'
+    (the AMDGPU compile check finishes the same lowered tasks both ways)."""
     with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
-        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state))
+        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state), codegen)
         binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(cc))
         host_totals(kernel, binary.totals, state.hidden)  # the launcher's host code too
     return compiled

@@ -2,7 +2,8 @@
 # Session 5 on the GPU machine, one call (from the repository root): the test suite, then the
 # benchmarks named as arguments. Carry .whl (numpy 2.4) and .whlq (Quadrants 1.4.0 and the
 # dependencies the image lacks); .before (the tree at the session's start) for before_after.py.
-#   bash bench/gpu_session5.sh [suite] [sbs] [compile] [before_after] [reduce] [cache]
+#   bash bench/gpu_session5.sh [suite] [sbs] [compile] [before_after] [reduce] [cache] [streampar] [graph]
+#   QD_TESTS="-m cuda tests/test_x.py" bash bench/gpu_session5.sh tests   (a chosen subset)
 set -uo pipefail
 OUT=${OUT:-/tmp/qd_out}
 mkdir -p "$OUT"
@@ -29,6 +30,9 @@ for step in "$@"; do
     probe) bash .devscratch/launch_probe.sh 2>&1 | tail -60 ;;
     warmcompile) bash .devscratch/warm_compile.sh 2>&1 | tail -20 ;;
     adbench) timeout 200 python3 bench/ad_bench.py --arch cuda --json "$OUT/ad_bench_cuda.json" 2>&1 | tail -20 ;;
+    streampar) timeout 240 python3 bench/stream_parallel_bench.py --out "$OUT/stream_parallel_cuda.json" 2>&1 | tail -16 ;;
+    graph) timeout 240 python3 bench/graph_bench.py --out "$OUT/graph_cuda.json" 2>&1 | tail -16 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider -n 8 ${QD_TESTS:-} 2>&1 | tail -12 ;;
     cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac
 done

@@ -160,3 +160,15 @@ def test_the_bound_builtin_launches_its_packed_array(driver, rng):
     if working:
         driver["fail"][tasks[working[-1]][0]] = 1
         assert launch_all() == (working[-1] << 32) | 1
+
+
+@pytest.mark.parametrize("shape, strides", [((), ()), ((5,), (8,)), ((3, 4), (32, 8)), ((3, 4), (64, 16))])
+def test_ndarray_argument_types_keep_the_views_dimensions(shape, strides):
+    """The type of a device ndarray argument comes from a host stand-in of the view: a 0-d view
+    stays 0-d (numpy's ascontiguousarray would make it 1-d), a strided view gets layout 'A'."""
+    import qd_numba as qd
+    from qd_numba.targets.cuda.arrays import ArrayView, _view_type
+
+    view = ArrayView(np.dtype(np.float64), shape, strides, 0, False)
+    ty = _view_type("kernel 'k', argument 'a'", qd.types.ndarray(dtype=qd.f64, ndim=len(shape)), view)
+    assert ty.ndim == len(shape) and ty.layout == ("C" if view.c_contiguous else "A")

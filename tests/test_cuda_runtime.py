@@ -387,3 +387,22 @@ def test_loops_under_runtime_control_flow_run_serially(rng):
         np.testing.assert_allclose(a, ref + 3.0, rtol=1e-12)
     kinds = [t.kind for t in rounds_then_shift.tasks(data.copy(), 1, 1.0)]
     assert kinds == ["serial", "range_for"]
+
+
+def test_zero_dimensional_ndarrays(rng):
+    """0-d qd.ndarrays and numpy arrays as kernel arguments (typed from a 0-d stand-in, read and
+    written in place)."""
+    @qd.kernel
+    def scale(x: qd.types.ndarray(dtype=qd.f64, ndim=1), s: qd.types.ndarray(dtype=qd.f64, ndim=0),
+              n: qd.types.ndarray(dtype=qd.i32, ndim=0)):
+        for i in range(x.shape[0]):
+            x[i] = x[i] * s[()]
+        n[()] = n[()] - 1
+
+    x0, s0 = rng.standard_normal(40), rng.uniform(0.5, 2.0)
+    x, s, n = qd.ndarray(qd.f64, 40), qd.ndarray(qd.f64, ()), np.array(5, np.int32)
+    x.from_numpy(x0)
+    s.from_numpy(np.array(s0))
+    scale(x, s, n)
+    np.testing.assert_allclose(x.to_numpy(), x0 * s0, rtol=1e-15)
+    assert n[()] == 4 and s.to_numpy().shape == ()

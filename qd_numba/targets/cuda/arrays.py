@@ -178,7 +178,7 @@ def _view_type(where, spec, view):
     """The Numba type of an ndarray argument, through the CPU typing of an equivalent numpy view."""
     stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, view.dtype), shape=view.shape,
                                                strides=[0] * len(view.shape))
-    stand_in = np.ascontiguousarray(stand_in) if view.c_contiguous else stand_in
+    stand_in = stand_in.copy(order="C") if view.c_contiguous else stand_in   # keeps 0-d views 0-d
     if view.readonly:
         stand_in = stand_in.view()
         stand_in.flags.writeable = False

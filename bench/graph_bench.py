@@ -83,7 +83,10 @@ def child(args) -> None:
         import quadrants as qd
     else:
         import qd_numba as qd
-    qd.init(arch=getattr(qd, args.arch), offline_cache=False)
+    if args.impl == "quadrants":
+        qd.init(arch=getattr(qd, args.arch), offline_cache=False)
+    else:   # "plain" is plain launches; --auto measures plain kernels with automatic graph replay
+        qd.init(arch=getattr(qd, args.arch), offline_cache=False, auto_graph=args.auto)
     import numpy as np
 
     out = {}
@@ -100,8 +103,9 @@ def child(args) -> None:
                 arr.from_numpy(np.random.default_rng(k).uniform(-1, 1, args.n).astype(np.float32))
             res = out[f"K{k}"] = {}
             batch = max(20, 400 // k)
-            for mode in ("plain", "graph"):
+            for mode in ("plain",) if args.auto else ("plain", "graph"):
                 fields_k, args_k = getattr(mod, f"fields_{mode}"), getattr(mod, f"args_{mode}")
+                mode = "auto" if args.auto else mode
                 host, wall = _time(fields_k, qd.sync, batch)
                 res[f"fields_{mode}"] = {"host_us": host, "wall_us": wall}
                 host, wall = _time(lambda: args_k(a[0], a[1], 0.5), qd.sync, batch)
@@ -113,6 +117,8 @@ def child(args) -> None:
 
                 swap_host, _ = _time(swap, qd.sync, batch)
                 res[f"args_{mode}"] = {"host_us": host, "wall_us": wall, "swap_host_us": swap_host}
+            if args.auto:
+                continue
             # the graph kernel's results equal the plain kernel's (the benchmark measures what is correct)
             for arr in a:
                 arr.from_numpy(np.random.default_rng(1).uniform(-1, 1, args.n).astype(np.float32))
@@ -123,9 +129,9 @@ def child(args) -> None:
     print("RESULT " + json.dumps(out))
 
 
-def run_child(impl, args) -> dict:
+def run_child(impl, args, auto=False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--impl", impl, "--ks", args.ks, "--n", str(args.n),
-           "--arch", args.arch]
+           "--arch", args.arch, *(["--auto"] if auto else [])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     for line in proc.stdout.splitlines():
@@ -144,6 +150,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--arch", default="cuda")
     ap.add_argument("--out", default="")
+    ap.add_argument("--auto", action="store_true", help="(child) plain kernels with qd.init(auto_graph=True)")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -151,6 +158,10 @@ def main() -> None:
     results = {"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0], "n": args.n, "arch": args.arch}
     for impl in args.impls.split(","):
         results[impl] = run_child(impl, args)
+        if impl == "qd_numba" and "error" not in results[impl]:
+            auto = run_child(impl, args, auto=True)
+            for key, res in auto.items() if "error" not in auto else ():
+                results[impl][key].update(res)
     if args.out:
         with open(args.out, "w") as f:
             f.write(json.dumps(results, indent=1) + "\n")
@@ -172,6 +183,13 @@ def main() -> None:
                       f"{p.get('swap_host_us', nan):11.2f} {g.get('swap_host_us', nan):11.2f}")
             if not res.get("graph_equals_plain", False):
                 print(f"{impl:10s} K={key[1:]}: graph results differ from plain")
+            for form in ("fields", "args") if "fields_auto" in res else ():
+                p, a = res[f"{form}_plain"], res[f"{form}_auto"]
+                print(f"{impl:10s} {key[1:]:>3s} {form:7s} automatic graph replay (no graph=True): host "
+                      f"{p['host_us']:.2f} -> {a['host_us']:.2f} us (x{p['host_us'] / a['host_us']:.2f}), wall "
+                      f"{p['wall_us']:.2f} -> {a['wall_us']:.2f}"
+                      + (f", alternating arguments {p['swap_host_us']:.2f} -> {a['swap_host_us']:.2f} us"
+                         if "swap_host_us" in a else ""))
     if all("error" not in results[i] for i in args.impls.split(",")) and len(args.impls.split(",")) > 1:
         first, *others = args.impls.split(",")
         for other in others:

@@ -89,6 +89,7 @@ class Config:
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
     cuda_graph: bool = True             # QD_GRAPH: @qd.kernel(graph=True) replays CUDA graphs (off: plain launches)
+    auto_graph: bool = True             # QD_AUTO_GRAPH: plans of 2+ tasks replay a CUDA graph when the arguments did not change
     ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     ad_stack_sizer: str = "auto"        # QD_AD_STACK_SIZER: auto | host | device (per-thread bounds' max-reduction)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
@@ -219,6 +220,7 @@ def config_from_env(**overrides) -> Config:
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
         cuda_graph=env_flag("QD_GRAPH", True),
+        auto_graph=env_flag("QD_AUTO_GRAPH", True),
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),

@@ -553,7 +553,7 @@ def test_generated_runner_marks_only_the_nodes_whose_cells_changed():
     plan = types.SimpleNamespace(params=[("x", "ndarray"), ("a", "scalar"), ("b", "scalar")], cells=cells,
                                  graph=graph, rt=None, launch_all=None, totals_fn=None, timer=None, written=(),
                                  written_args=(), error_words=[], launches=launches, ret=None,
-                                 _patch_view=lambda name, view, key: key)
+                                 _patch_view=lambda name, view, key: key, cells_owner=None)
     src, ns = cuda_plan._runner_source(plan)
     exec(compile(src, "<runner>", "exec"), ns)
     run = ns["make"]()
@@ -706,3 +706,125 @@ def test_cuda_parallel_sections_are_concurrent_branches_with_plain_results(rng, 
         np.testing.assert_allclose(out, ra - rb, rtol=1e-9, atol=1e-12)
     graph = two_chains.backend().plan_for((a, b, out)).graph
     assert graph.deps == [[], [0], [], [1, 2]]
+
+
+# -- the generated call path of a plan (targets/cuda/plan.py), with stand-ins (no GPU) ---------------
+
+class _LoggingGraph:
+    def __init__(self, count, log):
+        self.count, self.log = count, log
+
+    def node_mask(self, uses):
+        return sum(1 << k for k in range(self.count) if uses(k))
+
+    def launch(self, dirty):
+        self.log.append(("graph", dirty))
+
+
+def _runner_plan(log, auto_graph):
+    """A plan-like object of two tasks: task 0 reads ndarray 'x', task 1 reads scalar 's'."""
+    from qd_numba.targets.cuda.plan import LaunchPlan
+
+    cells = {"x": [ctypes.c_int64() for _ in range(7)], "s": [ctypes.c_double()]}
+    launches = [types.SimpleNamespace(binary=types.SimpleNamespace(runtime_args=names)) for names in (("x",), ("s",))]
+    plan = types.SimpleNamespace(params=[("x", "ndarray"), ("s", "scalar")], cells=cells, rt=None, packed=np.zeros(4, np.int64),
+                                 launch_all=lambda: log.append(("plain", cells["x"][4].value, cells["s"][0].value)) or -1,
+                                 totals_fn=None, totals_args=[], error_words=[], timer=None, ret=None,
+                                 written=[], written_args=[], stream_blocks=None, launches=launches,
+                                 auto_graph=auto_graph, cells_owner=None)
+    plan.graph = _LoggingGraph(2, log) if auto_graph is not None else None
+    plan._patch_view = lambda name, view, key: LaunchPlan._patch_view(plan, name, view, key)
+    return plan
+
+
+def _view(ptr):
+    from qd_numba.targets.cuda.arrays import ArrayView
+
+    return ArrayView(np.dtype(np.float32), (4,), (4,), ptr, False)
+
+
+def test_automatic_graph_replays_only_calls_whose_arguments_did_not_change():
+    from qd_numba.targets.cuda.plan import _runner_source
+
+    log = []
+    plan = _runner_plan(log, auto_graph=True)
+    src, ns = _runner_source(plan)
+    exec(src, ns)
+    run = ns["make"]()
+    a, b = _view(0xA00), _view(0xB00)
+    run(a, 1.5, a)             # first call: cells written, launched plainly
+    run(a, 1.5, a)             # nothing changed: replay, patching the nodes the first call changed
+    run(a, 1.5, a)             # a bare replay
+    run(b, 1.5, b)             # a new array: plain launch with b's cells
+    run(b, 2.5, b)             # a new scalar: plain
+    run(b, 2.5, b)             # replay, patching both nodes
+    assert log == [("plain", 0xA00, 1.5), ("graph", 0b11), ("graph", 0), ("plain", 0xB00, 1.5),
+                   ("plain", 0xB00, 2.5), ("graph", 0b11)]
+
+
+def test_plain_and_stream_runners_of_one_plan_never_launch_with_the_others_cells():
+    """The two call paths of a plan (plain and qd_stream=) share its cells: a call after a call
+    of the other path rewrites every cell, as the first call does."""
+    from qd_numba.targets.cuda.plan import _runner_source
+
+    for auto_graph in (None, True):
+        log = []
+        plan = _runner_plan(log, auto_graph)
+        runners = []
+        for on_stream in (False, True):
+            src, ns = _runner_source(plan, on_stream=on_stream)
+            exec(src, ns)
+            runners.append(ns["make"]())
+        plain, streamed = runners
+        a, b = _view(0xA00), _view(0xB00)
+        plain(a, 1.5, a)
+        streamed(0, False, b, 2.5, b)
+        plain(a, 1.5, a)           # x and s must be a's and 1.5 again
+        plain(a, 1.5, a)
+        launched = [entry for entry in log if entry[0] == "plain"]
+        assert launched == [("plain", 0xA00, 1.5), ("plain", 0xB00, 2.5), ("plain", 0xA00, 1.5)] + \
+            ([("plain", 0xA00, 1.5)] if auto_graph is None else [])
+        if auto_graph:
+            assert log[-1] == ("graph", 0b11)     # the replay after the switch patches every node
+
+
+@pytest.mark.cuda
+def test_cuda_automatic_graph_replay_equals_plain_launches(rng):
+    """Plain kernels of several tasks replay a graph on calls whose arguments did not change
+    (qd.init(auto_graph=True), the default), launch plainly on the others, and mix with
+    qd_stream= calls of the same kernel: the results equal auto_graph=False and numpy."""
+    n = 3000
+    hosts = [[rng.uniform(-1, 1, n) for _ in range(3)] for _ in range(2)]
+    calls = [(0, 0.5, None), (0, 0.5, None), (0, 0.5, None), (1, 0.5, None), (1, -1.25, None), (1, -1.25, None),
+             (0, -1.25, "stream"), (0, -1.25, None), (1, 2.0, "stream"), (0, 2.0, None), (0, 2.0, None)]
+    results = {}
+    for auto in (True, False):
+        qd.init(arch=qd.cuda, auto_graph=auto)
+        try:
+            stream = qd.create_stream()
+            sets = [[qd.ndarray(qd.f64, n) for _ in range(3)] for _ in range(2)]
+            for arrays, h in zip(sets, hosts):
+                for arr, values in zip(arrays, h):
+                    arr.from_numpy(values)
+            for which, a, on in calls:
+                steps_plain(*sets[which], a, **({"qd_stream": stream} if on else {}))
+                if on:
+                    stream.synchronize()
+            results[auto] = [[arr.to_numpy() for arr in arrays] for arrays in sets]
+            plan = steps_plain.backend().plan_for((*sets[0], 2.0))
+            assert plan.auto_graph is auto and (plan.graph is not None) is auto
+            if auto:
+                assert plan.graph.builds == 1
+            stream.destroy()
+        finally:
+            qd.init(arch=qd.cpu)
+    want = [list(h) for h in hosts]
+    for which, a, _ in calls:
+        want[which] = list(_steps_ref(*want[which], a))
+    for auto in (True, False):
+        for got_set, want_set in zip(results[auto], want):
+            for got, ref in zip(got_set, want_set):
+                np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+    for a_set, b_set in zip(results[True], results[False]):
+        for a, b in zip(a_set, b_set):
+            np.testing.assert_array_equal(a, b)

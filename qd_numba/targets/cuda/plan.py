@@ -119,8 +119,14 @@ class LaunchPlan:
         self._run_on_stream = None
         # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless graphs are off
         # (QD_GRAPH=0) or each task must be launched and checked alone (debug) or timed (profiler)
-        self.graph = graphs.CudaGraph(self) if kernel.graph and config.current.cuda_graph and launches \
-            and not self.error_words and self.timer is None and kernel.autodiff_mode is None else None
+        # Without graph=True, a plan of two or more tasks replays a graph too (qd.init(auto_graph=...)),
+        # on the calls whose arguments did not change since the last call (see _runner_source)
+        plain = not self.error_words and self.timer is None and kernel.autodiff_mode is None
+        self.auto_graph = not kernel.graph and config.current.auto_graph and len(launches) >= 2 \
+            and self.stream_blocks is None and plain
+        self.graph = graphs.CudaGraph(self) if (kernel.graph or self.auto_graph) and config.current.cuda_graph \
+            and launches and plain else None
+        self.cells_owner = None    # the runner whose state describes the cells (plain or on a stream)
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -267,12 +273,15 @@ def _runner_source(plan, on_stream=False):
     args = [f"a{i}" for i in range(len(params))]
     views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
     ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all,
-          "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
+          "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET, "me": object()}
     state, body = [], []
     graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
+    auto = graph is not None and getattr(plan, "auto_graph", False)
     if graph is not None:   # dirty: a bit per graph node that reads a cell this call changes
         ns["graph"] = graph
         body.append("dirty = 0")
+    if auto:                # nodes to patch at the next replay (changed on calls launched plainly)
+        state.append("pending = 0")
 
     def dirties(i, name):
         """The line marking the nodes that read parameter ``name`` (graph plans only)."""
@@ -340,6 +349,15 @@ def _runner_source(plan, on_stream=False):
                    *(["    if nonblocking: rt.fence(stream, 0)"] if on_stream else []),
                    "    if rt.read_i32(error_word_of[k]):",
                    "        break"]
+    elif auto:   # replay when nothing changed; a call that changes arguments launches plainly
+        launch += ["if dirty:",
+                   "    pending |= dirty",
+                   "    status = launch_all()",
+                   "    if status >= 0:",
+                   "        plan._failed(status)",
+                   "else:",
+                   "    graph.launch(pending)",
+                   "    pending = 0"]
     elif graph is not None:
         launch.append("graph.launch(dirty)")
     else:
@@ -365,6 +383,11 @@ def _runner_source(plan, on_stream=False):
         body.append(f"plan._check_errors({_tuple_src(args)})")
     body.append("return plan._result()" if plan.ret is not None else "return None")
     names = [s.split(" = ")[0] for s in state]
+    if names:   # the other runner of this plan (plain / on a stream) wrote the cells since: forget what they hold
+        reset = [s for s in state if not s.startswith("pending")]
+        if auto:   # the graph's nodes keep the values of its last replay: all are patched at the next one
+            reset.append(f"pending = {(1 << len(plan.launches)) - 1}")
+        body[:0] = ["if plan.cells_owner is not me:", "    plan.cells_owner = me", *(f"    {s}" for s in reset)]
     lines = ["def make():", *(f"    {s}" for s in state),
              f"    def run({', '.join(['stream', 'nonblocking'] if on_stream else [])}"
              f"{', ' if on_stream and args else ''}{', '.join(args + list(views.values()))}):",

@@ -89,7 +89,7 @@ class Config:
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
     cuda_graph: bool = True             # QD_GRAPH: @qd.kernel(graph=True) replays CUDA graphs (off: plain launches)
-    auto_graph: bool = True             # QD_AUTO_GRAPH: plans of 2+ tasks replay a CUDA graph when the arguments did not change
+    auto_graph: bool = True             # QD_AUTO_GRAPH: 2+ task plans replay a CUDA graph on unchanged calls
     ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     ad_stack_sizer: str = "auto"        # QD_AD_STACK_SIZER: auto | host | device (per-thread bounds' max-reduction)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)

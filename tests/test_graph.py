@@ -727,8 +727,12 @@ def _runner_plan(log, auto_graph):
 
     cells = {"x": [ctypes.c_int64() for _ in range(7)], "s": [ctypes.c_double()]}
     launches = [types.SimpleNamespace(binary=types.SimpleNamespace(runtime_args=names)) for names in (("x",), ("s",))]
-    plan = types.SimpleNamespace(params=[("x", "ndarray"), ("s", "scalar")], cells=cells, rt=None, packed=np.zeros(4, np.int64),
-                                 launch_all=lambda: log.append(("plain", cells["x"][4].value, cells["s"][0].value)) or -1,
+    def launch_all():
+        log.append(("plain", cells["x"][4].value, cells["s"][0].value))
+        return -1
+
+    plan = types.SimpleNamespace(params=[("x", "ndarray"), ("s", "scalar")], cells=cells, rt=None,
+                                 packed=np.zeros(4, np.int64), launch_all=launch_all,
                                  totals_fn=None, totals_args=[], error_words=[], timer=None, ret=None,
                                  written=[], written_args=[], stream_blocks=None, launches=launches,
                                  auto_graph=auto_graph, cells_owner=None)

@@ -35,9 +35,8 @@ from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ...passes.task_ir import cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
-from . import graphs
+from . import graphs, toolchain
 from . import tasks as cuda_tasks
-from . import toolchain
 from .arrays import _view_type
 from .runtime import (
     PACK_HEAD,

@@ -72,13 +72,18 @@ def array_view(a, where: str) -> ArrayView:
         view = a._cuda_view
         if view is None:
             ensure_device(a)
-            view = a._cuda_view = array_view(a._dev, where)
+            view = array_view(a._dev, where)
+            if view.shape != tuple(a.shape):   # a 0-d array's buffer is 1-d
+                shape = tuple(a.shape)
+                view = ArrayView(view.dtype, shape, tuple(device.c_strides(shape, view.dtype.itemsize)), view.ptr,
+                                 view.readonly, keep=view.keep)
+            a._cuda_view = view
         return view
     if isinstance(a, np.ndarray):
         rt = CudaRuntime.get()
-        dev = rt.cuda.to_device(np.ascontiguousarray(a))
-        return ArrayView(a.dtype, a.shape, dev.strides, int(dev.device_ctypes_pointer.value),
-                         not a.flags.writeable, host=a, keep=dev)
+        dev = rt.cuda.to_device(np.ascontiguousarray(a))   # 1-d for a 0-d array: the view keeps a's shape
+        return ArrayView(a.dtype, a.shape, tuple(device.c_strides(a.shape, a.dtype.itemsize)),
+                         int(dev.device_ctypes_pointer.value), not a.flags.writeable, host=a, keep=dev)
     mod = type(a).__module__
     if mod.startswith("torch"):
         if not a.is_cuda:

@@ -551,3 +551,15 @@ def test_foreign_non_blocking_stream_is_ordered(rng, on_cuda):
     drv.cuStreamDestroy(handle)
     np.testing.assert_allclose(got[0], _heavy_ref(x0, 0.5, 0.25), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], _heavy_ref(y0, 0.75, -0.1), rtol=1e-4, atol=1e-5)
+
+
+def test_graph_branches_of_stream_parallel_blocks():
+    """The graph that replays a stream-parallel plan (automatic graph replay) has the fork/join's
+    shape: each block a chain after the node before its run of blocks, the node after the run
+    waiting for every block's last task."""
+    from qd_numba.graph import dependencies
+    from qd_numba.targets.cuda.graphs import stream_labels
+
+    groups = [0, 1, 1, 2, 3, 3, 0, 1, 2]
+    assert dependencies(stream_labels(groups)) == [[], [0], [1], [0], [0], [4], [2, 3, 5], [6], [6]]
+    assert dependencies(stream_labels([1, 2])) == [[], []]

@@ -78,6 +78,18 @@ def _ok(err: int, what: str) -> None:
         _check((_driver().CUresult(err),), what)
 
 
+def stream_labels(groups) -> list:
+    """Per task, the label :func:`~qd_numba.graph.dependencies` takes, from the tasks'
+    ``qd.stream_parallel()`` groups: a run of consecutive blocks is a region whose blocks are
+    concurrent branches (as the fork/join of stream_pool.py runs them); tasks outside blocks chain."""
+    labels, run = [], 0
+    for k, group in enumerate(groups):
+        if group and k and not groups[k - 1]:
+            run += 1
+        labels.append((run, group) if group else None)
+    return labels
+
+
 def _destroy(drv: _Api, graph: int, exec_: int) -> None:
     """Free a graph and its instance (the plan is gone; errors at exit are ignored)."""
     if exec_:
@@ -95,8 +107,10 @@ class CudaGraph:
         self.argvs = [launch.argv for launch in plan.launches]
         # the nodes each node waits for: a chain, but for the sections of qd.graph.parallel
         # regions, which are concurrent branches (graph.py)
-        self.deps = dependencies(section_labels(getattr(plan.kernel, "graph_sections", None),
-                                                [launch.task.loc for launch in plan.launches]))
+        groups = [getattr(launch.task, "stream_group", 0) for launch in plan.launches]
+        labels = stream_labels(groups) if any(groups) else \
+            section_labels(getattr(plan.kernel, "graph_sections", None), [launch.task.loc for launch in plan.launches])
+        self.deps = dependencies(labels)
         self.count = len(plan.launches)
         self.nodes: list[int] = []
         self.params: list[_KernelNodeParams] = []

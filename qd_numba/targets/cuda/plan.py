@@ -121,8 +121,7 @@ class LaunchPlan:
         # Without graph=True, a plan of two or more tasks replays a graph too (qd.init(auto_graph=...)),
         # on the calls whose arguments did not change since the last call (see _runner_source)
         plain = not self.error_words and self.timer is None and kernel.autodiff_mode is None
-        self.auto_graph = not kernel.graph and config.current.auto_graph and len(launches) >= 2 \
-            and self.stream_blocks is None and plain
+        self.auto_graph = not kernel.graph and config.current.auto_graph and len(launches) >= 2 and plain
         self.graph = graphs.CudaGraph(self) if (kernel.graph or self.auto_graph) and config.current.cuda_graph \
             and launches and plain else None
         self.cells_owner = None    # the runner whose state describes the cells (plain or on a stream)
@@ -281,6 +280,8 @@ def _runner_source(plan, on_stream=False):
         body.append("dirty = 0")
     if auto:                # nodes to patch at the next replay (changed on calls launched plainly)
         state.append("pending = 0")
+        if plan.stream_blocks is not None:   # the graph's blocks are branches; a plain launch forks/joins
+            ns["launch_all"] = plan.stream_blocks.launch
 
     def dirties(i, name):
         """The line marking the nodes that read parameter ``name`` (graph plans only)."""

@@ -51,8 +51,9 @@ def test_anchor_sin_chain_matches_finite_differences(rng, arch):
     for steps in (0, 1, 7, 32):
         n[None] = steps
         _check(anchor, [x], [rng.uniform(-2, 2, N)], loss, reference)
-        if arch == "cpu":   # per iteration: the loop header's path record, v and sin(v) (what the adjoints read)
-            assert anchor.grad.last_instance.state.adstacks[0].depth == max(1, 3 * (steps + 1))
+        if arch == "cpu":   # per iteration: the loop header's path record and v (sin(v) is read only by
+            # the adjoint of the constant 1.01, which nothing needs: not pushed)
+            assert anchor.grad.last_instance.state.adstacks[0].depth == max(1, 2 * (steps + 1))
 
 
 def test_nested_loops_with_shape_bounds_and_loop_carried_index(rng):

@@ -52,11 +52,11 @@ from ..ops.matrix_methods import MATRIX_METHODS
 from ..task import Task
 from ..typing.matrix import MatrixType
 from .base import MISSING, argument_of, hidden_argument, is_global_data, try_static
-from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes, task_bounds
+from .bounds import _arg_name, _index_parts, has_index, simplify_size, size_expr, space_sizes, task_bounds
 from .ir_builder import successors
 from .offload import OffloadedLoop
 from .plan_tasks import PlanTasks, task_prefix
-from .reductions import ReduceAtomics
+from .reductions import ReduceAtomics, _uses
 
 # callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
 _MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS}
@@ -95,7 +95,8 @@ class ReverseMode:
             _serial_as_loop(state, unit)
         if serial:
             _renumber_loops(state)
-        transforms = [_Transform(state, lp) for lp in state.loops]
+        _, dead = _uses(state)      # loads nobody reads (``G[I]`` of ``G[I] += V``): no adjoint
+        transforms = [_Transform(state, lp, dead) for lp in state.loops]
         for t in transforms:          # loop analysis reads the definitions before any rewrite
             t.find_inner_loops()
         for t in transforms:
@@ -210,8 +211,9 @@ class _Block:
 
 
 class _Transform:
-    def __init__(self, state, lp):
+    def __init__(self, state, lp, dead=frozenset()):
         self.state, self.lp, self.ir = state, lp, state.ir
+        self.dead = dead            # ids of body statements whose value nothing reads
         self.blocks = state.func_ir.blocks
         header = self.blocks[lp.header]
         self.scope, self.loc = header.scope, header.loc
@@ -224,6 +226,54 @@ class _Transform:
         self.fwd_value = {}         # version name -> its value in the forward recomputation
         self.fwd_values = {}        # body variable -> the values of its assignments there
         self.canonical = {}         # user variable name -> adjoint var of its value across blocks
+        self.own = self._own_element_grads()
+
+    # -- adjoints of global reads at the iteration's own index: plain adds -------------------------
+    def _grad_key(self, base):
+        """What the gradient of global data ``base`` may share memory with: a field's ``.grad``
+        (its ``id``); every ndarray gradient is one key (two parameters may be the same array)."""
+        field = try_static(self.state, base)
+        if isinstance(field, Field):
+            return None if field.grad is None else id(field.grad)
+        return "ndarray" if argument_of(self.state, base) is not None else None
+
+    def _own_element_grads(self) -> set:
+        """The gradient keys this task accumulates into only at the element of its own iteration
+        (``x[i]`` in ``for i in x``, ``x[i, j]``, ``x[I]`` of ``qd.grouped``): no other iteration
+        adds there, so the adjoint is a plain read-add-store instead of an atomic. One read of the
+        key elsewhere (``x[i + 1]``, ``x[idx[i]]``, ``x[0]``) keeps all its adjoints atomic."""
+        ir, state = self.ir, self.state
+        task = next((t for t in state.tasks if t.header == self.lp.header), None)
+        ndim = getattr(task, "ndim", 0)
+        own_index = [("index", k) for k in range(ndim)]
+        verdict = {}
+        for lbl in self.body:
+            for stmt in self.blocks[lbl].body:
+                if not isinstance(stmt, ir.Assign) or not isinstance(stmt.value, ir.Expr) or id(stmt) in self.dead:
+                    continue
+                value = stmt.value
+                if value.op in ("getitem", "static_getitem") and is_global_data(state, value.value):
+                    base, index = value.value, value.index if value.op == "getitem" else None
+                elif value.op == "call" and try_static(state, value.func) in _ARRAY_LOADS:
+                    base, index = value.args[0], value.args[1]
+                else:
+                    continue
+                key = self._grad_key(base)
+                if key is None:
+                    continue
+                parts = None if index is None or not ndim else _index_parts(state, index, 0, self.lp.space_var)
+                own = parts is not None and sorted(parts) == own_index
+                verdict[key] = verdict.get(key, True) and own
+        return {key for key, own in verdict.items() if own}
+
+    def _accumulate(self, e, base, grad, index, g):
+        """``grad[index] += g`` for a read of ``base[index]``: atomic, or plain (see above)."""
+        if self._grad_key(base) not in self.own:
+            e.call(subscripts.atomic_update, [grad, index, g, e.const("add")])
+            return
+        ir = self.ir
+        current = e.assign(ir.Expr.getitem(grad, index, e.loc))
+        e.out.append(ir.SetItem(grad, index, e.binop(operator.add, current, g), e.loc))
 
     # -- loops inside the task: adstacks ----------------------------------------------------------
     def find_inner_loops(self):
@@ -430,6 +480,7 @@ class _Transform:
         for lbl in reversed(order):
             new_labels |= self._reverse(info[lbl], info, done, latch)
         if self.stacked:
+            _prune_unread(self.state, new_labels)
             self.needed = self._read_by_adjoints(new_labels)
             for lbl in self.stacked:
                 self._push_all(info[lbl])
@@ -498,7 +549,8 @@ class _Transform:
                 current[stmt.target.name] = version
                 b.versions.append(version)
                 written.append(stmt.target.name)
-                b.items.append(("stmt", stmt, fwd))
+                if id(stmt) not in self.dead:
+                    b.items.append(("stmt", stmt, fwd))
             elif isinstance(stmt, (ir.SetItem, ir.StaticSetItem)) and is_global_data(state, stmt.target):
                 b.items.append(("store", stmt, fwd))    # the forward kernel stored it: not again
             elif isinstance(stmt, ir.Print):
@@ -632,7 +684,7 @@ class _Transform:
             if is_global_data(state, value.value):
                 grad = self._grad_field(e, value.value)
                 if grad is not None:
-                    e.call(subscripts.atomic_update, [grad, index, g, e.const("add")])
+                    self._accumulate(e, value.value, grad, index, g)
             else:
                 self._add(e, new.value, e.call(ad_helpers.ad_item_adjoint, [new.value, index, g]))
             return
@@ -653,8 +705,7 @@ class _Transform:
             if grad is None:
                 return
             if callee in _ARRAY_LOADS:      # at the read's line: an error there names it
-                at = _Emitter(state, self.scope, stmt.loc, e.out)
-                at.call(subscripts.atomic_update, [grad, args[1], g, at.const("add")])
+                self._accumulate(_Emitter(state, self.scope, stmt.loc, e.out), stmt.value.args[0], grad, args[1], g)
             else:
                 self._add(e, args[2], e.assign(self.ir.Expr.getitem(grad, args[1], self.loc)))
             return
@@ -857,6 +908,60 @@ class _Shapes:
         if not inner or any(sh is None for sh in inner) or any(sh != inner[0] for sh in inner) or len(inner[0]) > 1:
             return None
         return (len(inner),) + inner[0]
+
+
+_PURE_EXPRS = ("binop", "inplace_binop", "unary", "getattr", "build_tuple", "static_getitem", "getitem")
+# the calls adjoint rules emit that only compute a value (qd math functions, the adjoint helpers)
+_PURE_CALLS = {id(fn) for fn in (ad_helpers.zero_like, ad_helpers.ad_acc, ad_helpers.ad_item_adjoint,
+                                 ad_helpers.ad_ctor_part, ad_helpers.ad_matmul_adjoint, ad_helpers.ad_eye_like,
+                                 ad_helpers.ad_extreme, ad_helpers.ad_cross_lhs)}
+_PURE_CALLS.update(id(getattr(qd_math, name)) for name in qd_math.__all__ if callable(getattr(qd_math, name)))
+
+
+def _prune_unread(state, labels) -> None:
+    """Drop the assignments of the adjoint blocks ``labels`` whose value nothing reads (the
+    contribution a rule computes for a constant operand, the adjoint of a value nothing depends
+    on), to a fixed point: then the values an adjoint reads are the ones it needs, and only those
+    are pushed onto the adstack (the anchor's ``sin(v)``, read only by the adjoint of ``1.01``,
+    is not)."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    pure_fns = set()
+    for lbl in labels:
+        for stmt in blocks[lbl].body:
+            value = getattr(stmt, "value", None)
+            if isinstance(stmt, ir.Assign) and isinstance(value, ir.Global) and id(value.value) in _PURE_CALLS:
+                pure_fns.add(stmt.target.name)
+
+    def pure(stmt):
+        if not isinstance(stmt, ir.Assign):
+            return False
+        value = stmt.value
+        if isinstance(value, (ir.Var, ir.Const, ir.Global, ir.FreeVar)):
+            return True
+        return isinstance(value, ir.Expr) and (value.op in _PURE_EXPRS or value.op == "call" and not value.kws
+                                               and value.func.name in pure_fns)
+
+    reads = {}
+    for block in blocks.values():
+        for stmt in block.body:
+            for v in stmt.list_vars():
+                if not (isinstance(stmt, ir.Assign) and v is stmt.target):
+                    reads[v.name] = reads.get(v.name, 0) + 1
+    changed = True
+    while changed:
+        changed = False
+        for lbl in labels:
+            keep = []
+            for stmt in blocks[lbl].body:
+                if pure(stmt) and not reads.get(stmt.target.name):
+                    for v in stmt.list_vars():
+                        if v is not stmt.target:
+                            reads[v.name] -= 1
+                    changed = True
+                else:
+                    keep.append(stmt)
+            blocks[lbl].body = keep
 
 
 def _hashable(x) -> bool:

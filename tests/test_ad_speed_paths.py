@@ -110,8 +110,8 @@ def test_two_dimensional_transposed_grouped_and_vector_reads(rng):
 
     @qd.kernel
     def grouped():
-        for I in qd.grouped(m):
-            loss[None] += m[I] * m[I] * m[I]
+        for ij in qd.grouped(m):
+            loss[None] += m[ij] * m[ij] * m[ij]
 
     @qd.kernel
     def vectors():

@@ -9,7 +9,10 @@
   every launch (on the CPU, the same kernel on the CPU).
 
 Kernel times are the mean over ``--reps`` calls between two synchronisations (best of 5); host
-times are the mean time for a call to return, without synchronising.
+times are the mean time for a call to return, without synchronising. On CUDA the table also
+gives the ratio of the forward time to session 7's, session 7's backward time (H200,
+bench/results/session7.md) and the ratio to it, and the issue's goal for the anchor (backward
+<= 0.06 ms). ``--json``/``--out`` also writes the results, ratios included.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ import time
 import numpy as np
 
 import qd_numba as qd
+
+# session 7, H200 (bench/results/session7.md): (forward ms, backward ms)
+SESSION7_CUDA = {"anchor": (0.0122, 0.1670), "nested loops": (0.0166, 0.1937),
+                 "matrix-vector": (0.0113, 4.1379), "while loop": (0.0124, 0.1597)}
+GOAL_BACKWARD_MS = {"anchor": 0.06}
 
 
 def _timed(fn, reps, sync=True):
@@ -148,7 +156,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1 << 16)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--reps", type=int, default=0, help="calls per timing (default: 200 cuda, 10 cpu)")
-    parser.add_argument("--json", default="", help="also write the results to this file")
+    parser.add_argument("--json", "--out", dest="json", default="", help="also write the results to this file")
     args = parser.parse_args()
     arch = qd.cuda if args.arch == "cuda" else qd.cpu
     reps = args.reps or (200 if args.arch == "cuda" else 10)
@@ -156,10 +164,20 @@ def main():
                "shapes": bench_shapes(arch, args.threads, args.steps, reps),
                "sizing": bench_sizing(arch, args.threads, args.steps, reps)}
     print(f"arch={args.arch} threads={args.threads} steps={args.steps}")
-    print(f"{'shape':<16} {'forward ms':>11} {'backward ms':>12} {'ratio':>7}")
+    cuda = args.arch == "cuda"
+    print(f"{'shape':<16} {'forward ms':>11} {'backward ms':>12} {'bwd/fwd':>8}"
+          + (f" {'fwd/s7':>7} {'s7 bwd ms':>10} {'bwd/s7':>7} {'goal ms':>8}" if cuda else ""))
     for name, r in results["shapes"].items():
-        print(f"{name:<16} {r['forward_ms']:>11.4f} {r['backward_ms']:>12.4f} "
-              f"{r['backward_ms'] / r['forward_ms']:>7.2f}")
+        line = (f"{name:<16} {r['forward_ms']:>11.4f} {r['backward_ms']:>12.4f} "
+                f"{r['backward_ms'] / r['forward_ms']:>8.2f}")
+        if cuda:
+            fwd, before = SESSION7_CUDA[name]
+            r["session7_forward_ms"], r["forward_vs_session7"] = fwd, r["forward_ms"] / fwd
+            r["session7_backward_ms"], r["backward_vs_session7"] = before, r["backward_ms"] / before
+            goal = GOAL_BACKWARD_MS.get(name)
+            line += (f" {r['forward_ms'] / fwd:>7.3f} {before:>10.4f} {r['backward_ms'] / before:>7.3f}"
+                     f" {goal if goal else '-':>8}")
+        print(line)
     print(f"{'backward sizing':<18} {'host ms/call':>12} {'kernel ms':>10}")
     for name, r in results["sizing"].items():
         print(f"{name:<18} {r['host_ms']:>12.4f} {r['kernel_ms']:>10.4f}")

@@ -18,6 +18,7 @@ from . import config, streams
 from . import kernel as kernel_module
 from .errors import QuadrantsRuntimeError, QuadrantsSyntaxError
 from .field import Ndarray, dual_holders, gradient_holders, host_sync_checks, run_host_sync_checks
+from .passes.ad_validation import read_mask
 
 _active_tape = None
 
@@ -34,16 +35,18 @@ class Tape:
     On entry: gradients are cleared (``clear_gradients``) and ``l.grad[None]`` is set to 1; on
     exit the recorded calls' gradient kernels run last to first. ``loss`` must be a 0-d field, or
     an ndarray of one element, with ``needs_grad=True``. ``validation=True`` (with ``qd.init(debug=True)``) checks
-    that no kernel overwrites a field with a gradient after a recorded kernel read it — the
-    gradient replays that kernel with the new values, so it would be wrong — and raises naming
-    the field, the kernel that read it and the one that overwrote it. It snapshots the fields
-    each call reads (a debugging aid: it copies data on every call)."""
+    that no kernel overwrites an element of a field with a gradient after a recorded kernel read
+    that element — the gradient replays that kernel with the new values, so it would be wrong —
+    and raises naming the field, the element, the kernel that read it and the one that
+    overwrote it. Each recorded call runs ``kernel.validation``, which marks the elements it
+    reads (passes/ad_validation.py), and the fields it reads are snapshotted (a debugging aid:
+    it copies data on every call); elements nobody read may change (a time axis)."""
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False, grad_check=None):
         if validation and not config.current.debug:
             raise QuadrantsSyntaxError("qd.ad.Tape(validation=True) needs qd.init(debug=True)")
         self.validation = validation
-        self.snapshots = []         # validation: (field, its values when a recorded kernel read it, kernel)
+        self.snapshots = []         # validation: [field, its values before a recorded call, kernel, elements read]
         if loss is not None:
             if getattr(loss, "grad", None) is None:
                 raise QuadrantsSyntaxError(f"qd.ad.Tape: the loss {loss!r} needs a gradient: create it with "
@@ -107,17 +110,29 @@ class Tape:
                 if field is not None and getattr(field, "grad", None) is not None:
                     read[id(field)] = field
             written |= stored
-        self.snapshots += [(field, field.to_numpy(), kernel) for field in read.values()]
+        for field in read.values():
+            read_mask(field).fill(0)
+        self.snapshots += [[field, field.to_numpy(), kernel, None] for field in read.values()]
 
     def after_call(self, kernel) -> None:
-        """validation: a field a recorded kernel read has changed: its gradient would be wrong."""
-        for field, values, reader in self.snapshots:
-            if not np.array_equal(field.to_numpy(), values):
+        """validation: an element a recorded kernel read has changed: its gradient would be wrong."""
+        for snapshot in self.snapshots:
+            field, values, reader, read = snapshot
+            if read is None:        # this call's snapshot: the elements it read
+                read = snapshot[3] = read_mask(field).to_numpy() != 0
+            now = field.to_numpy()
+            changed = (now != values) & ~(np.isnan(now) & np.isnan(values))
+            changed = changed.reshape(read.shape + (-1,)).any(axis=-1) & read
+            if changed.any():
                 name = field.name or repr(field)
+                first = tuple(int(k) for k in np.argwhere(changed)[0])
+                if field.offset is not None:
+                    first = tuple(k + o for k, o in zip(first, field.offset))
                 raise QuadrantsRuntimeError(
                     f"qd.ad.Tape(validation=True): kernel '{kernel.name}' overwrote the field {name}, which kernel "
-                    f"'{reader.name}' read earlier in this tape: the gradient of '{reader.name}' would use the new "
-                    "values. Write the result to another field, or keep one value per step (e.g. a time axis)")
+                    f"'{reader.name}' read earlier in this tape (element {list(first)}, {int(changed.sum())} in "
+                    f"all): the gradient of '{reader.name}' would use the new values. Write the result to another "
+                    "field, or keep one value per step (e.g. a time axis)")
 
     def grad(self) -> None:
         """Run the recorded calls' gradients, last call first."""
@@ -146,7 +161,7 @@ def _recording_call(kernel, call):
                 if kwargs:
                     args, kwargs = self._bind(args, kwargs), {}
                 tape.before_call(self, args)
-                out = call(self, *args)
+                out = self.validation(*args)
                 tape.after_call(self)
                 return out
         return call(self, *args, **kwargs)

@@ -14,6 +14,7 @@ compiles anew.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import weakref
 
@@ -91,6 +92,7 @@ class Kernel(KernelObject):
         self.autodiff_mode = None       # "reverse": the gradient kernel (kernel.grad); "forward": qd.ad.FwdMode's
         self._grad = None
         self._forward_mode = None
+        self._validation = None         # qd.ad.Tape(validation=True)'s kernel: "validation" (passes/ad_validation.py)
         self._with_grads = {}           # a gradient kernel: its variants taking ndarray gradients, by argument set
         self.grad_arguments = ()        # such a variant: the ndarray parameters whose .grad follow the parameters
         self.compile_count = 0
@@ -168,6 +170,13 @@ class Kernel(KernelObject):
         if self.autodiff_mode is not None:
             raise QuadrantsSyntaxError(f"kernel '{self.name}' is already a derivative kernel")
         return self._derivative("_forward_mode", "forward_mode", "forward")
+
+    @property
+    def validation(self) -> Kernel:
+        """The kernel ``qd.ad.Tape(validation=True)`` runs instead of this one: the same writes,
+        plus a mark in the read mask of each element of a field with a gradient it reads
+        (passes/ad_validation.py)."""
+        return self._derivative("_validation", "validation", "validation")
 
     def _derivative(self, attr: str, suffix: str, mode: str) -> Kernel:
         """The derivative kernel kept in ``attr`` (made once): the same function compiled with
@@ -305,21 +314,35 @@ class BoundKernel:
         return getattr(self.kernel, name)
 
 
+def _torch_requires_grad(a) -> bool:
+    return type(a).__module__.startswith("torch") and getattr(a, "requires_grad", False) is True
+
+
+def _gradient_of(a):
+    """``a.grad``; a torch tensor with ``requires_grad`` gets a zeroed one first if it has none
+    (as Quadrants), which the gradient kernel accumulates into (torch's own autograd is not involved)."""
+    if _torch_requires_grad(a) and a.grad is None:
+        a.grad = sys.modules["torch"].zeros_like(a)
+    return a.grad
+
+
 def _ndarray_gradients(kernel, call):
     """The gradient kernel's call: when ndarray arguments have a ``.grad`` (``qd.ndarray(...,
-    needs_grad=True)``), the call goes to the variant of the gradient kernel that takes those
-    gradients as hidden ndarray parameters after the kernel's own (:meth:`Kernel._grad_variant`);
-    other ndarray arguments (numpy arrays, torch tensors, ndarrays without a gradient) are constants."""
+    needs_grad=True)``, a torch tensor with ``requires_grad``), the call goes to the variant of the
+    gradient kernel that takes those gradients as hidden ndarray parameters after the kernel's own
+    (:meth:`Kernel._grad_variant`); other ndarray arguments (numpy arrays, torch tensors without
+    ``requires_grad``, ndarrays without a gradient) are constants."""
     positions = [k for k, p in enumerate(kernel.params) if p.kind == "ndarray"]
 
     def checked(self, *args, **kwargs):
         if "qd_stream" in kwargs:   # refused for gradient kernels (streams.py)
             return Kernel.__call__(self, *args, **kwargs)
         bound = args if not kwargs and len(args) == len(self.params) else self._bind(args, kwargs)
-        with_grad = tuple(k for k in positions if isinstance(bound[k], Ndarray) and bound[k].grad is not None)
+        with_grad = tuple(k for k in positions if isinstance(bound[k], Ndarray) and bound[k].grad is not None
+                          or _torch_requires_grad(bound[k]))
         if not with_grad:
             return call(self, *bound)
-        return self._grad_variant(with_grad)(*bound, *(bound[k].grad for k in with_grad))
+        return self._grad_variant(with_grad)(*bound, *(_gradient_of(bound[k]) for k in with_grad))
 
     return checked
 

@@ -258,3 +258,30 @@ def test_row_read_of_a_plain_array_is_an_error_at_its_line(rng):
     np.testing.assert_allclose(loss[None], 2 * p.to_numpy()[:, 0].sum(), rtol=1e-12)
     with pytest.raises(qd.QuadrantsIndexError, match=r"(?s)kernel 'rows.grad'.*row = p\[i\]"):
         rows.grad(p)
+
+
+def test_torch_tensor_with_requires_grad_gets_its_grad(rng):
+    """As Quadrants: a torch tensor argument with ``requires_grad`` gets a zeroed ``.grad`` if it
+    has none, and the gradient kernel accumulates into it; one without stays a constant."""
+    torch = pytest.importorskip("torch")
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def energy(p: qd.types.ndarray(dtype=qd.f64, ndim=1), q: qd.types.ndarray(dtype=qd.f64, ndim=1)):
+        for i in range(p.shape[0]):
+            loss[None] += qd.sin(p[i]) * q[i] + p[i] * p[(i + 1) % N]
+
+    def reference(pv, qv):
+        return (np.sin(pv) * qv + pv * np.roll(pv, -1)).sum()
+
+    pv, qv = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    p = torch.tensor(pv, requires_grad=True)
+    q = torch.tensor(qv)
+    with qd.ad.Tape(loss=loss):
+        energy(p, q)
+    np.testing.assert_allclose(loss[None], reference(pv, qv), rtol=1e-12)
+    gp = _central_differences(reference, [pv, qv])[0]
+    np.testing.assert_allclose(p.grad.numpy(), gp, rtol=1e-6, atol=1e-9)
+    assert q.grad is None
+    energy.grad(p, q)                   # accumulates, as torch's gradients do
+    np.testing.assert_allclose(p.grad.numpy(), 2 * gp, rtol=1e-6, atol=1e-9)

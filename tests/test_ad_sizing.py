@@ -61,8 +61,9 @@ def test_per_thread_bound_from_a_field_matches_the_reference(rng):
         v, dv = _sin_chain_reference(xs, counts)
         np.testing.assert_allclose(loss[None], v.sum(), rtol=1e-12)
         np.testing.assert_allclose(x.grad.to_numpy(), dv, rtol=1e-12)
-        # per iteration: the loop header's path record and sin(v); the header runs trips + 1 times
-        assert chain.grad.adstacks[0].depth == max(1, 2 * (int(counts.max()) + 1))
+        # per iteration: v (what cos(v) of the adjoint reads; the loop header's executions are
+        # counted, not recorded); the sizer counts the body trips + 1 times
+        assert chain.grad.adstacks[0].depth == max(1, int(counts.max()) + 1)
 
 
 def test_bound_from_the_loop_index_and_a_shifted_element(rng):
@@ -90,7 +91,7 @@ def test_bound_from_the_loop_index_and_a_shifted_element(rng):
     expected = dv.copy()
     expected[0] = 0.0                      # outside the loop's range: no gradient
     np.testing.assert_allclose(x.grad.to_numpy(), expected, rtol=1e-12)
-    assert ramp.grad.adstacks[0].depth == 3 * (int(steps[1:].max()) + 1)   # path, sin(v) and v
+    assert ramp.grad.adstacks[0].depth == int(steps[1:].max()) + 1   # v (the header is counted)
 
 
 def _depths(sizer, make):
@@ -153,8 +154,8 @@ def test_host_and_device_sizers_give_the_same_depths(rng):
         np.testing.assert_array_equal(hx, dx)
         np.testing.assert_array_equal(hy, dy)
     trips = np.maximum(0, np.maximum(counts, lo) + 3 - lo)
-    assert host[0][0] == 2 * (trips.max() + 1)
-    assert host[1][0] == 2 * (np.maximum(0, counts2d * 2 - np.arange(6)).max() + 1)
+    assert host[0][0] == trips.max() + 1       # v per iteration (the loop header is counted)
+    assert host[1][0] == np.maximum(0, counts2d * 2 - np.arange(6)).max() + 1
 
 
 def test_sizes_are_recomputed_exactly_when_a_leaf_changes(rng):
@@ -300,7 +301,7 @@ def test_cuda_device_reduction_and_deferred_overflow(rng):
             np.testing.assert_allclose(x.grad.to_numpy(), _sin_chain_reference(xs, counts)[1], rtol=1e-12)
             stack = chain.grad.adstacks[0]
             depths[sizer] = (stack.depth, stack.device_reductions)
-        assert depths["host"][0] == depths["auto"][0] == 2 * (int(counts.max()) + 1)
+        assert depths["host"][0] == depths["auto"][0] == int(counts.max()) + 1
         assert depths["host"][1] == 0 and depths["auto"][1] == 1
 
         qd.init(arch=qd.cuda, ad_stack_size=8)
@@ -415,9 +416,9 @@ def test_cuda_launch_wrapper_reports_overflows_at_synchronisation_points(rng, mo
         assert not stack.in_flight and adstack.check_pending not in host_sync_checks
         waits = rt.waits                                    # qd.sync waited for the flag's event
         launch(5)                                           # a new depth: the descriptor goes up async
-        assert rt.uploads == 1 and rt.waits == waits and stack.desc._arr[1] == 2 * (5 + 1)
+        assert rt.uploads == 1 and rt.waits == waits and stack.desc._arr[1] == 5 + 1
         launch(6)                                           # the pinned words are reused after their event
-        assert rt.uploads == 2 and rt.waits == waits + 1 and stack.desc._arr[1] == 2 * (6 + 1)
+        assert rt.uploads == 2 and rt.waits == waits + 1 and stack.desc._arr[1] == 6 + 1
         launch(6)
         assert rt.uploads == 2
         qd.sync()
@@ -492,7 +493,7 @@ def test_two_loops_with_per_thread_bounds_get_their_own_depths(rng):
         dw = np.where(live, -dw * np.sin(w), dw)
         w = np.where(live, np.cos(w), w)
     np.testing.assert_allclose(y.grad.to_numpy(), dw, rtol=1e-12)
-    assert sorted(s.depth for s in two.grad.adstacks) == [2 * (counts.max() + 1), 2 * (counts.max() + 2)]
+    assert sorted(s.depth for s in two.grad.adstacks) == [counts.max() + 1, counts.max() + 2]   # v, w per iteration
 
 
 def test_size_expressions_are_simplified():

@@ -56,3 +56,63 @@ def test_an_overwrite_inside_one_kernel_is_reported(rng, debug_init):
                            match=f"kernel '{kernel.name}' overwrote the field {field}, which kernel '{kernel.name}'"):
             with qd.ad.Tape(loss=loss, validation=True):
                 kernel()
+
+
+def test_the_check_is_per_element(rng, debug_init):
+    """A kernel that writes elements no recorded kernel read (a time axis) passes, and its
+    gradient is right; overwriting one element that was read is reported naming that element."""
+    T = 4
+    x = qd.field(qd.f64, shape=(T + 1, N), needs_grad=True, name="x")
+    c = qd.field(qd.f64, shape=(N,), needs_grad=True, name="c")
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def step(t: qd.i32):
+        for i in range(N):
+            x[t + 1, i] = qd.sin(x[t, i]) * c[i]
+
+    @qd.kernel
+    def total():
+        for i in range(N):
+            loss[None] += x[T, i] * x[T, i]
+
+    @qd.kernel
+    def poke(t: qd.i32, k: qd.i32):
+        c[k] = c[k] + 1.0               # c[k]: read by every step
+        x[t, k] = 0.0
+
+    def reference(x0, cs):
+        v = x0
+        for _ in range(T):
+            v = np.sin(v) * cs
+        return (v * v).sum()
+
+    x0, cs = rng.uniform(-1, 1, N), rng.uniform(0.5, 1.5, N)
+    x.from_numpy(np.vstack([x0, np.zeros((T, N))]))
+    c.from_numpy(cs)
+    with qd.ad.Tape(loss=loss, validation=True):
+        for t in range(T):
+            step(t)
+        total()
+    np.testing.assert_allclose(loss[None], reference(x0, cs), rtol=1e-12)
+    eps = 1e-6
+    for k in range(N):
+        d = np.zeros(N)
+        d[k] = eps
+        gx = (reference(x0 + d, cs) - reference(x0 - d, cs)) / (2 * eps)
+        gc = (reference(x0, cs + d) - reference(x0, cs - d)) / (2 * eps)
+        np.testing.assert_allclose(x.grad.to_numpy()[0, k], gx, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(c.grad.to_numpy()[k], gc, rtol=1e-6, atol=1e-9)
+
+    with pytest.raises(qd.QuadrantsRuntimeError,
+                       match=r"kernel 'poke' overwrote the field c, which kernel 'step' read earlier in this tape "
+                             r"\(element \[3\], 1 in all\)"):
+        with qd.ad.Tape(loss=loss, validation=True):
+            step(0)
+            poke(1, 3)                  # x[1, 3] was never read: only c[3] is reported
+    x.from_numpy(np.vstack([x0, np.zeros((T, N))]))
+    with pytest.raises(qd.QuadrantsRuntimeError, match=r"overwrote the field x, .*\(element \[2, 1\], 1 in all\)"):
+        with qd.ad.Tape(loss=loss, validation=True):
+            step(2)                     # reads x[2, :]
+            x[2, 1] = 5.0               # host writes are not checked: the next recorded call reports it
+            total()

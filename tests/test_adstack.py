@@ -51,8 +51,9 @@ def test_anchor_sin_chain_matches_finite_differences(rng, arch):
     for steps in (0, 1, 7, 32):
         n[None] = steps
         _check(anchor, [x], [rng.uniform(-2, 2, N)], loss, reference)
-        if arch == "cpu":   # per iteration: the loop header's path record, v and sin(v) (what the adjoints read)
-            assert anchor.grad.last_instance.state.adstacks[0].depth == max(1, 3 * (steps + 1))
+        if arch == "cpu":   # per iteration: v (sin(v) is read only by the adjoint of the constant 1.01,
+            # which nothing needs; the loop header's executions are counted, not recorded)
+            assert anchor.grad.last_instance.state.adstacks[0].depth == max(1, steps + 1)
 
 
 def test_nested_loops_with_shape_bounds_and_loop_carried_index(rng):
@@ -175,9 +176,9 @@ def test_overflow_raises_naming_kernel_task_and_cause(rng):
     qd.init(arch=config.current.arch, ad_stack_size=64)     # before the fields' first use (it releases them)
     x.from_numpy(rng.uniform(-1, 1, N))
     try:
-        chain(40)
+        chain(100)                          # 101 words (v per iteration) > 64
         with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow") as info:
-            chain.grad(40)
+            chain.grad(100)
             qd.sync()     # on CUDA the overflow surfaces at the next synchronisation (docs/autodiff.md)
         message = str(info.value)
         assert "chain.grad" in message and "test_adstack.py:" in message and "ad_stack_size=64" in message

@@ -131,3 +131,31 @@ def test_errors():
         qd.ad.FwdMode(loss=loss, param=x)
     with pytest.raises(qd.QuadrantsTypeError, match="needs_dual=True requires a floating-point"):
         qd.field(qd.i32, shape=(), needs_dual=True)
+
+
+def test_vector_and_matrix_constructors(rng):
+    """Constructors are linear: ``qd.Vector([...])``, ``qd.Matrix([[...], ...])``,
+    ``qd.math.vec3(a, b, c)`` carry the tangents of their elements (constants: zero);
+    ``qd.Vector.zero`` is a constant."""
+    p = qd.field(qd.f64, shape=(N,), needs_dual=True)
+    loss = qd.field(qd.f64, shape=(), needs_dual=True)
+
+    @qd.kernel
+    def built():
+        for i in p:
+            a = p[i]
+            v = qd.Vector([a, a * a, qd.sin(a)])
+            m = qd.Matrix([[a, 1.0], [2.0, a * a]])
+            w = qd.math.vec3(a, 0.5, a * a * a)
+            loss[None] += v.dot(w) + (m @ m).trace() + qd.Vector.zero(qd.f64, 3).sum()
+
+    def reference(a):
+        return (a * a + 0.5 * a * a + np.sin(a) * a ** 3 + a * a + 4.0 + a ** 4).sum()
+
+    ps, seed = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    p.from_numpy(ps)
+    with qd.ad.FwdMode(loss=loss, param=p, seed=list(seed)):
+        built()
+    # qd.math.vec3 is an f32 vector (the default float): f32 rounding in v.dot(w)
+    np.testing.assert_allclose(loss[None], reference(ps), rtol=1e-6)
+    np.testing.assert_allclose(loss.dual[None], _directional(reference, ps, seed), rtol=1e-6)

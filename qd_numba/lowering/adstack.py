@@ -17,7 +17,8 @@ passes/autodiff.py emits calls to these intrinsics in a gradient task whose body
   take no word: ``top`` comes back unchanged;
 * ``ad_pop_top(top, like)``: ``top - 1``, or ``top`` for what ``ad_push`` does not store;
 * ``ad_pop(stack, top, like)``: the word at ``top`` as ``like``'s type (``like`` itself for
-  what ``ad_push`` does not store, and past the depth);
+  what ``ad_push`` does not store). Unchecked: a thread whose pushes overflowed skips its
+  reverse, so every pop reads a word its own push stored;
 * ``ad_overflowed(stack, top)``: whether pushes went past the depth (the reverse is skipped).
 
 Intrinsics, not ``@overload``: nothing goes through Numba's dispatcher (see lowering/spaces.py).
@@ -105,7 +106,7 @@ def _from_word(context, builder, ty, word):
 
 def _slot_ptr(builder, stack, top):
     base, depth, flag, stride = (builder.extract_value(stack, k) for k in range(4))
-    inside = builder.and_(builder.icmp_signed("<", top, depth), builder.icmp_signed(">=", top, _I64(0)))
+    inside = builder.icmp_unsigned("<", top, depth)     # one compare: a negative top is a huge unsigned one
     ptr = builder.inttoptr(builder.add(base, builder.mul(top, stride)), _I64.as_pointer())
     return inside, ptr, builder.inttoptr(flag, _I64.as_pointer())
 
@@ -139,11 +140,8 @@ def ad_pop(typingctx, stack, top, like):
         if not storable:    # the same value: a new reference for the caller (arrays are refcounted)
             return impl_ret_borrowed(context, builder, like, args[2])
         top_v = context.cast(builder, args[1], sig.args[1], types.int64)
-        inside, ptr, _ = _slot_ptr(builder, args[0], top_v)
-        out = cgutils.alloca_once_value(builder, args[2])
-        with builder.if_then(inside):
-            builder.store(_from_word(context, builder, like, builder.load(ptr)), out)
-        return builder.load(out)
+        _, ptr, _ = _slot_ptr(builder, args[0], top_v)
+        return _from_word(context, builder, like, builder.load(ptr))
 
     return like(stack, top, like), codegen
 

@@ -11,7 +11,12 @@ vector or a tuple; these intrinsics decide from the types, at typing time:
 * ``ad_item_adjoint(base, index, g)``: the contribution of ``base[index]``'s adjoint ``g`` to a
   local vector/matrix ``base`` (``g`` at ``index``, zeros elsewhere), ``None`` for other bases;
 * ``stop_grad(x)``: ``x`` (the transform gives it no adjoint);
-* ``fwd_item(dual_base, index, value)``: forward mode's tangent of an element of a local vector.
+* ``fwd_item(dual_base, index, value)``: forward mode's tangent of an element of a local vector;
+* ``ad_local_open(size)``, ``ad_local_add(buf, index, g, strides, size)``, ``ad_local_get(buf, k)``:
+  a zeroed per-thread buffer of ``size`` f64 adjoints of a small field (its address), the
+  adjoint ``g`` of a read at ``index`` added to its row-major slot (``strides``; an index outside
+  the field adds nothing), and slot ``k`` — a reverse task sums such adjoints per iteration and
+  adds them to the ``.grad`` once (passes/autodiff.py).
 
 Intrinsics, not ``@overload``: nothing goes through Numba's dispatcher (see lowering/spaces.py).
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 import operator
 
 from llvmlite import ir as llir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.core.errors import TypingError
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
@@ -309,11 +314,36 @@ def _elementwise_adstack(typingctx, stack, value, words):
     return value.dtype
 
 
+def _scalar_tuple(ty) -> bool:
+    """A tuple of scalars (an index ``(0, c)`` built in a loop): pushed a word per component."""
+    return isinstance(ty, types.BaseTuple) and len(ty) > 0 and \
+        all(isinstance(t, (types.Integer, types.Float, types.Boolean)) for t in ty)
+
+
+def _tuple_words(ty, words):
+    if not isinstance(words, types.IntegerLiteral) or len(ty) > words.literal_value:
+        raise TypingError(_UNSIZED)
+    return [types.unliteral(t) for t in ty]
+
+
 @intrinsic
 def ad_push_words(typingctx, stack, top, value, words):
-    """``ad_push`` of lowering/adstack.py for any value: a vector/matrix pushes its elements, one
-    word each (``words``: the words the sizer counted for it, at least its element count)."""
+    """``ad_push`` of lowering/adstack.py for any value: a vector/matrix pushes its elements, a
+    tuple of scalars its components, one word each (``words``: the words the sizer counted for
+    it, at least their count)."""
     value = types.unliteral(value)
+    if _scalar_tuple(value):
+        parts = _tuple_words(value, words)
+        psigs = [ad_stack.ad_push._defn(typingctx, stack, types.int64, t) for t in parts]
+
+        def tuple_codegen(context, builder, s, args):
+            t = context.cast(builder, args[1], s.args[1], types.int64)
+            for k, (psig, inner) in enumerate(psigs):
+                v = context.cast(builder, builder.extract_value(args[2], k), value[k], parts[k])
+                t = inner(context, builder, psig, (args[0], t, v))
+            return t
+
+        return types.int64(stack, top, value, words), tuple_codegen
     if not isinstance(value, MatrixType):
         sig, inner = ad_stack.ad_push._defn(typingctx, stack, top, value)
 
@@ -337,6 +367,13 @@ def ad_push_words(typingctx, stack, top, value, words):
 def ad_pop_top_words(typingctx, top, like, words):
     """The top after popping ``like`` (its element count for a vector/matrix)."""
     like = types.unliteral(like)
+    if _scalar_tuple(like):
+        count = len(_tuple_words(like, words))
+
+        def tuple_codegen(context, builder, s, args):
+            return builder.sub(context.cast(builder, args[0], s.args[0], types.int64), llir.Constant(_I64, count))
+
+        return types.int64(top, like, words), tuple_codegen
     if not isinstance(like, MatrixType):
         sig, inner = ad_stack.ad_pop_top._defn(typingctx, top, like)
 
@@ -357,6 +394,20 @@ def ad_pop_top_words(typingctx, top, like, words):
 def ad_pop_words(typingctx, stack, top, like, words):
     """The value of ``like``'s type at ``top`` (its elements at ``top``, ``top + 1``, ...)."""
     like = types.unliteral(like)
+    if _scalar_tuple(like):
+        parts = _tuple_words(like, words)
+        psigs = [ad_stack.ad_pop._defn(typingctx, stack, types.int64, t) for t in parts]
+
+        def tuple_codegen(context, builder, s, args):
+            t = context.cast(builder, args[1], s.args[1], types.int64)
+            values = []
+            for k, (psig, inner) in enumerate(psigs):
+                cur = context.cast(builder, builder.extract_value(args[2], k), like[k], parts[k])
+                got = inner(context, builder, psig, (args[0], builder.add(t, llir.Constant(_I64, k)), cur))
+                values.append(context.cast(builder, got, parts[k], like[k]))
+            return context.make_tuple(builder, like, values)
+
+        return like(stack, top, like, words), tuple_codegen
     if not isinstance(like, MatrixType):
         sig, inner = ad_stack.ad_pop._defn(typingctx, stack, top, like)
 
@@ -374,3 +425,59 @@ def ad_pop_words(typingctx, stack, top, like, words):
         return pack(context, builder, like, values)
 
     return like(stack, top, like, words), codegen
+
+
+# -- per-thread sums of the adjoints of a small field (passes/autodiff.py) ---------------------------
+
+_F64 = llir.DoubleType()
+_I64 = llir.IntType(64)
+
+
+@intrinsic
+def ad_local_open(typingctx, size):
+    if not isinstance(size, types.IntegerLiteral):
+        return None
+    arrty = llir.ArrayType(_F64, size.literal_value)
+
+    def codegen(context, builder, sig, args):
+        buf = cgutils.alloca_once(builder, arrty)
+        builder.store(llir.Constant(arrty, None), buf)
+        return builder.ptrtoint(buf, _I64)
+
+    return types.int64(size), codegen
+
+
+def _int_parts(builder, context, ty, value):
+    if isinstance(ty, types.Integer):
+        return [context.cast(builder, value, ty, types.int64)]
+    return [context.cast(builder, builder.extract_value(value, k), t, types.int64) for k, t in enumerate(ty)]
+
+
+@intrinsic
+def ad_local_add(typingctx, buf, index, g, strides, size):
+    index, g = types.unliteral(index), types.unliteral(g)
+    parts = [index] if isinstance(index, types.Integer) else list(index) if isinstance(index, types.BaseTuple) else []
+    if not parts or not all(isinstance(t, types.Integer) for t in parts) or not isinstance(g, types.Number):
+        return None
+
+    def codegen(context, builder, sig, args):
+        flat = _I64(0)
+        for k, v in zip(_int_parts(builder, context, sig.args[3], args[3]),
+                        _int_parts(builder, context, sig.args[1], args[1])):
+            flat = builder.add(flat, builder.mul(k, v))
+        size_v = context.cast(builder, args[4], sig.args[4], types.int64)
+        with builder.if_then(builder.icmp_unsigned("<", flat, size_v)):
+            ptr = builder.gep(builder.inttoptr(args[0], _F64.as_pointer()), [flat])
+            builder.store(builder.fadd(builder.load(ptr), context.cast(builder, args[2], g, types.float64)), ptr)
+        return context.get_dummy_value()
+
+    return types.none(buf, index, g, strides, size), codegen
+
+
+@intrinsic
+def ad_local_get(typingctx, buf, k):
+    def codegen(context, builder, sig, args):
+        slot = context.cast(builder, args[1], sig.args[1], types.int64)
+        return builder.load(builder.gep(builder.inttoptr(args[0], _F64.as_pointer()), [slot]))
+
+    return types.float64(buf, k), codegen

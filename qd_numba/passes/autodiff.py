@@ -52,11 +52,11 @@ from ..ops.matrix_methods import MATRIX_METHODS
 from ..task import Task
 from ..typing.matrix import MatrixType
 from .base import MISSING, argument_of, hidden_argument, is_global_data, try_static
-from .bounds import _arg_name, has_index, simplify_size, size_expr, space_sizes, task_bounds
+from .bounds import _arg_name, _index_parts, has_index, simplify_size, size_expr, space_sizes, task_bounds
 from .ir_builder import successors
 from .offload import OffloadedLoop
 from .plan_tasks import PlanTasks, task_prefix
-from .reductions import ReduceAtomics
+from .reductions import ReduceAtomics, _uses
 
 # callees with a MATH_OPS rule: qd.<op>, Python's math.<op> and the builtins abs/min/max
 _MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS}
@@ -68,6 +68,7 @@ _NO_GRADIENT = {builtins.int, builtins.bool, builtins.len, builtins.range, ad_he
                 spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
                 spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple}
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
+_LOCAL_SUM_MAX = 32         # elements of a field whose adjoints a thread sums per iteration
 _ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
 _ARRAY_STORES = (array_access.array_store, array_access.checked_array_store)
 
@@ -95,7 +96,8 @@ class ReverseMode:
             _serial_as_loop(state, unit)
         if serial:
             _renumber_loops(state)
-        transforms = [_Transform(state, lp) for lp in state.loops]
+        _, dead = _uses(state)      # loads nobody reads (``G[I]`` of ``G[I] += V``): no adjoint
+        transforms = [_Transform(state, lp, dead) for lp in state.loops]
         for t in transforms:          # loop analysis reads the definitions before any rewrite
             t.find_inner_loops()
         for t in transforms:
@@ -210,8 +212,9 @@ class _Block:
 
 
 class _Transform:
-    def __init__(self, state, lp):
+    def __init__(self, state, lp, dead=frozenset()):
         self.state, self.lp, self.ir = state, lp, state.ir
+        self.dead = dead            # ids of body statements whose value nothing reads
         self.blocks = state.func_ir.blocks
         header = self.blocks[lp.header]
         self.scope, self.loc = header.scope, header.loc
@@ -224,6 +227,123 @@ class _Transform:
         self.fwd_value = {}         # version name -> its value in the forward recomputation
         self.fwd_values = {}        # body variable -> the values of its assignments there
         self.canonical = {}         # user variable name -> adjoint var of its value across blocks
+        self.own = self._own_element_grads()
+        self.local = self._locally_summed_grads()
+
+    # -- adjoints of global reads at the iteration's own index: plain adds -------------------------
+    def _grad_key(self, base):
+        """What the gradient of global data ``base`` may share memory with: a field's ``.grad``
+        (its ``id``); every ndarray gradient is one key (two parameters may be the same array)."""
+        field = try_static(self.state, base)
+        if isinstance(field, Field):
+            return None if field.grad is None else id(field.grad)
+        return "ndarray" if argument_of(self.state, base) is not None else None
+
+    def _own_element_grads(self) -> set:
+        """The gradient keys this task accumulates into only at the element of its own iteration
+        (``x[i]`` in ``for i in x``, ``x[i, j]``, ``x[I]`` of ``qd.grouped``): no other iteration
+        adds there, so the adjoint is a plain read-add-store instead of an atomic. One read of the
+        key elsewhere (``x[i + 1]``, ``x[idx[i]]``, ``x[0]``) keeps all its adjoints atomic."""
+        ir, state = self.ir, self.state
+        task = next((t for t in state.tasks if t.header == self.lp.header), None)
+        ndim = getattr(task, "ndim", 0)
+        own_index = [("index", k) for k in range(ndim)]
+        verdict = {}
+        for lbl in self.body:
+            for stmt in self.blocks[lbl].body:
+                if not isinstance(stmt, ir.Assign) or not isinstance(stmt.value, ir.Expr) or id(stmt) in self.dead:
+                    continue
+                value = stmt.value
+                if value.op in ("getitem", "static_getitem") and is_global_data(state, value.value):
+                    base, index = value.value, value.index if value.op == "getitem" else None
+                elif value.op == "call" and try_static(state, value.func) in _ARRAY_LOADS:
+                    base, index = value.args[0], value.args[1]
+                else:
+                    continue
+                key = self._grad_key(base)
+                if key is None:
+                    continue
+                parts = None if index is None or not ndim else _index_parts(state, index, 0, self.lp.space_var)
+                own = parts is not None and sorted(parts) == own_index and len(parts) == self._data_ndim(base)
+                verdict[key] = verdict.get(key, True) and own
+        return {key for key, own in verdict.items() if own}
+
+    def _locally_summed_grads(self) -> dict:
+        """The small fields (at most ``_LOCAL_SUM_MAX`` scalar elements: weights, coefficients)
+        this task reads at indices that vary (``w[0, c]`` in a loop over ``c``): the adjoints of
+        one iteration go to a per-thread buffer (lowering/autodiff.py: ``ad_local_*``) and the
+        end of the iteration adds each element once, at a constant index, which ReduceAtomics
+        then sums per thread chunk / warp — instead of an atomic per read on a few contended
+        addresses. Not for a field this task also writes (a store's adjoint reads the ``.grad``
+        the reads add to), nor one read only at constant indices (ReduceAtomics alone does it).
+        Only with ``warp_reduce`` on (else each iteration would add every element atomically).
+        Key -> (field, buffer variable name)."""
+        ir, state = self.ir, self.state
+        if not state.config.warp_reduce:
+            return {}
+        varying, excluded = {}, set(self.own)
+        for lbl in self.body:
+            for stmt in self.blocks[lbl].body:
+                if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)):
+                    excluded.add(self._grad_key(stmt.target) if is_global_data(state, stmt.target) else None)
+                if not isinstance(stmt, ir.Assign) or not isinstance(stmt.value, ir.Expr) or id(stmt) in self.dead:
+                    continue
+                value = stmt.value
+                if value.op == "call" and value.args and is_global_data(state, value.args[0]):
+                    excluded.add(self._grad_key(value.args[0]))     # an atomic, an ndarray access
+                elif value.op == "getitem" and is_global_data(state, value.value):
+                    field = try_static(state, value.value)
+                    if isinstance(field, Field) and field.grad is not None and field.elem_type is None \
+                            and field.shape and int(np.prod(field.shape)) <= _LOCAL_SUM_MAX:
+                        varying[id(field.grad)] = field
+        return {key: (field, f"$ad_sum_{k}") for k, (key, field) in enumerate(varying.items())   # first-read order
+                if key not in excluded}
+
+    def _open_sums(self):
+        """Zeroed buffers at the start of each iteration; their sums added at its end (``done``)."""
+        ir = self.ir
+        opening, flush = [], []
+        e = _Emitter(self.state, self.scope, self.loc, flush)
+        for field, buf in self.local.values():
+            size = int(np.prod(field.shape))
+            o = _Emitter(self.state, self.scope, self.loc, opening)
+            opening.append(ir.Assign(ir.Expr.call(o.assign(ir.Global("ad_local_open", ad_helpers.ad_local_open,
+                                                                     self.loc), "$ad_fn"),
+                                                  [o.const(size)], (), self.loc), self._fixed(buf), self.loc))
+            grad = hidden_argument(self.state, field.grad, self.loc)
+            for k in range(size):
+                index = tuple(int(i) for i in np.unravel_index(k, field.shape))
+                value = e.call(ad_helpers.ad_local_get, [self._fixed(buf), e.const(k)])
+                e.call(subscripts.atomic_update, [grad, e.const(index if len(index) > 1 else index[0]), value,
+                                                  e.const("add")])
+        self.blocks[self.entry].body[:0] = opening
+        self.blocks[self.done].body[:0] = flush
+
+    def _data_ndim(self, base):
+        """Axes of global data ``base`` (an index with fewer reads a row: left to the atomic's error)."""
+        field = try_static(self.state, base)
+        if isinstance(field, Field):
+            return len(field.shape)
+        arg = argument_of(self.state, base)
+        return getattr(self.state.param_types.get(arg.name), "ndim", None) if arg is not None else None
+
+    def _accumulate(self, e, base, grad, index, g):
+        """``grad[index] += g`` for a read of ``base[index]``: into the iteration's buffer of a
+        small field, atomic, or plain (above)."""
+        key = self._grad_key(base)
+        if key in self.local:
+            field, buf = self.local[key]
+            shape = tuple(int(n) for n in field.shape)
+            strides = tuple(int(np.prod(shape[k + 1:])) for k in range(len(shape)))
+            e.call(ad_helpers.ad_local_add, [self._fixed(buf), index, g, e.const(strides),
+                                             e.const(int(np.prod(shape)))])
+            return
+        if key not in self.own:
+            e.call(subscripts.atomic_update, [grad, index, g, e.const("add")])
+            return
+        ir = self.ir
+        current = e.assign(ir.Expr.getitem(grad, index, e.loc))
+        e.out.append(ir.SetItem(grad, index, e.binop(operator.add, current, g), e.loc))
 
     # -- loops inside the task: adstacks ----------------------------------------------------------
     def find_inner_loops(self):
@@ -371,7 +491,11 @@ class _Transform:
 
     def _words(self, var) -> int:
         """Adstack words of a pushed value: its element count where the value is a vector/matrix
-        the shape inference follows, else 1 (the push checks at typing time that it is enough)."""
+        the shape inference follows, its component count for a tuple built in the body (an index
+        ``(0, c)``), else 1 (the push checks at typing time that it is enough)."""
+        value = self._fwd_def(var)
+        if isinstance(value, self.ir.Expr) and value.op == "build_tuple":
+            return max(1, len(value.items))
         shape = _Shapes(self).of(var)
         return int(np.prod(shape)) if shape else 1
 
@@ -424,12 +548,18 @@ class _Transform:
         done = self.done = self.state.new_label()
         self.blocks[done] = ir.Block(self.scope, self.loc)
         self.blocks[done].body.append(ir.Jump(self.lp.header, self.loc))
+        self.counted = self._counted_headers(info)
         for lbl in order:
             self._forward(info[lbl])
+        self.blocks[self.entry].body[:0] = [ir.Assign(ir.Const(0, self.loc), self._counter(head), self.loc)
+                                            for head in sorted(self.counted)]
         new_labels = {done}
         for lbl in reversed(order):
             new_labels |= self._reverse(info[lbl], info, done, latch)
+        if self.local:
+            self._open_sums()
         if self.stacked:
+            _prune_unread(self.state, new_labels)
             self.needed = self._read_by_adjoints(new_labels)
             for lbl in self.stacked:
                 self._push_all(info[lbl])
@@ -438,6 +568,25 @@ class _Transform:
         self.lp.body |= {latch} | new_labels
         self.state.tasks = [dataclasses.replace(t, body=frozenset(self.lp.body)) if t.header == self.lp.header
                             else t for t in self.state.tasks]
+
+    def _counted_headers(self, info) -> dict:
+        """Loop headers whose path is replayed by counting instead of a path record per execution:
+        an outermost loop of the body (its one predecessor outside it is outside every loop, so
+        it runs once per iteration of the task) with one latch. The forward counts the header's
+        executions (``$ad_cnt_<h>``, zeroed at the task body's entry); the reverse counts down,
+        and the first execution's adjoint goes back to the outside predecessor. Header -> (outside
+        predecessor, latch)."""
+        in_loops = set().union(*self.loops.values()) if self.loops else set()
+        out = {}
+        for head, members in self.loops.items():
+            outside = [p for p in info[head].preds if p not in members]
+            inside = [p for p in info[head].preds if p in members]
+            if len(outside) == 1 and len(inside) == 1 and outside[0] not in in_loops:
+                out[head] = (outside[0], inside[0])
+        return out
+
+    def _counter(self, head):
+        return self._fixed(f"$ad_cnt_{head}")
 
     def _block_order(self):
         """The body's blocks from the entry, depth first (loops inside the body allowed)."""
@@ -460,7 +609,10 @@ class _Transform:
         block = self.blocks[b.label]
         out = []
         e = _Emitter(state, self.scope, block.loc, out)
-        if len(b.preds) > 1:
+        if b.label in self.counted:
+            counter = self._counter(b.label)
+            out.append(ir.Assign(ir.Expr.binop(operator.add, counter, e.const(1), block.loc), counter, block.loc))
+        elif len(b.preds) > 1:
             b.came_from = e.assign(self._fixed("$ad_cur"), "$ad_pred")
         out.append(ir.Assign(ir.Const(b.label, block.loc), self._fixed("$ad_cur"), block.loc))
         current = {}
@@ -498,7 +650,8 @@ class _Transform:
                 current[stmt.target.name] = version
                 b.versions.append(version)
                 written.append(stmt.target.name)
-                b.items.append(("stmt", stmt, fwd))
+                if id(stmt) not in self.dead:
+                    b.items.append(("stmt", stmt, fwd))
             elif isinstance(stmt, (ir.SetItem, ir.StaticSetItem)) and is_global_data(state, stmt.target):
                 b.items.append(("store", stmt, fwd))    # the forward kernel stored it: not again
             elif isinstance(stmt, ir.Print):
@@ -563,6 +716,12 @@ class _Transform:
             out.append(ir.Jump(done, self.loc))
         elif len(b.preds) == 1:
             out.append(ir.Jump(info[b.preds[0]].reverse, self.loc))
+        elif b.label in self.counted:     # the count down reaches 0 at the first execution
+            outside, latch_pred = self.counted[b.label]
+            counter = self._counter(b.label)
+            out.append(ir.Assign(ir.Expr.binop(operator.sub, counter, e.const(1), self.loc), counter, self.loc))
+            first = e.binop(operator.eq, counter, e.const(0))
+            out.append(ir.Branch(first, info[outside].reverse, info[latch_pred].reverse, self.loc))
         else:
             new |= self._dispatch(e, b, info)
         self.blocks[b.reverse].body = out
@@ -632,7 +791,7 @@ class _Transform:
             if is_global_data(state, value.value):
                 grad = self._grad_field(e, value.value)
                 if grad is not None:
-                    e.call(subscripts.atomic_update, [grad, index, g, e.const("add")])
+                    self._accumulate(e, value.value, grad, index, g)
             else:
                 self._add(e, new.value, e.call(ad_helpers.ad_item_adjoint, [new.value, index, g]))
             return
@@ -653,8 +812,7 @@ class _Transform:
             if grad is None:
                 return
             if callee in _ARRAY_LOADS:      # at the read's line: an error there names it
-                at = _Emitter(state, self.scope, stmt.loc, e.out)
-                at.call(subscripts.atomic_update, [grad, args[1], g, at.const("add")])
+                self._accumulate(_Emitter(state, self.scope, stmt.loc, e.out), stmt.value.args[0], grad, args[1], g)
             else:
                 self._add(e, args[2], e.assign(self.ir.Expr.getitem(grad, args[1], self.loc)))
             return
@@ -857,6 +1015,60 @@ class _Shapes:
         if not inner or any(sh is None for sh in inner) or any(sh != inner[0] for sh in inner) or len(inner[0]) > 1:
             return None
         return (len(inner),) + inner[0]
+
+
+_PURE_EXPRS = ("binop", "inplace_binop", "unary", "getattr", "build_tuple", "static_getitem", "getitem")
+# the calls adjoint rules emit that only compute a value (qd math functions, the adjoint helpers)
+_PURE_CALLS = {id(fn) for fn in (ad_helpers.zero_like, ad_helpers.ad_acc, ad_helpers.ad_item_adjoint,
+                                 ad_helpers.ad_ctor_part, ad_helpers.ad_matmul_adjoint, ad_helpers.ad_eye_like,
+                                 ad_helpers.ad_extreme, ad_helpers.ad_cross_lhs)}
+_PURE_CALLS.update(id(getattr(qd_math, name)) for name in qd_math.__all__ if callable(getattr(qd_math, name)))
+
+
+def _prune_unread(state, labels) -> None:
+    """Drop the assignments of the adjoint blocks ``labels`` whose value nothing reads (the
+    contribution a rule computes for a constant operand, the adjoint of a value nothing depends
+    on), to a fixed point: then the values an adjoint reads are the ones it needs, and only those
+    are pushed onto the adstack (the anchor's ``sin(v)``, read only by the adjoint of ``1.01``,
+    is not)."""
+    ir = state.ir
+    blocks = state.func_ir.blocks
+    pure_fns = set()
+    for lbl in labels:
+        for stmt in blocks[lbl].body:
+            value = getattr(stmt, "value", None)
+            if isinstance(stmt, ir.Assign) and isinstance(value, ir.Global) and id(value.value) in _PURE_CALLS:
+                pure_fns.add(stmt.target.name)
+
+    def pure(stmt):
+        if not isinstance(stmt, ir.Assign):
+            return False
+        value = stmt.value
+        if isinstance(value, (ir.Var, ir.Const, ir.Global, ir.FreeVar)):
+            return True
+        return isinstance(value, ir.Expr) and (value.op in _PURE_EXPRS or value.op == "call" and not value.kws
+                                               and value.func.name in pure_fns)
+
+    reads = {}
+    for block in blocks.values():
+        for stmt in block.body:
+            for v in stmt.list_vars():
+                if not (isinstance(stmt, ir.Assign) and v is stmt.target):
+                    reads[v.name] = reads.get(v.name, 0) + 1
+    changed = True
+    while changed:
+        changed = False
+        for lbl in labels:
+            keep = []
+            for stmt in blocks[lbl].body:
+                if pure(stmt) and not reads.get(stmt.target.name):
+                    for v in stmt.list_vars():
+                        if v is not stmt.target:
+                            reads[v.name] -= 1
+                    changed = True
+                else:
+                    keep.append(stmt)
+            blocks[lbl].body = keep
 
 
 def _hashable(x) -> bool:

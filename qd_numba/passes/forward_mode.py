@@ -7,8 +7,9 @@ rule table as reverse mode (``ops/math_ops.py``: a rule's contribution to argume
 adjoint is the partial derivative). Reads of a field with a ``.dual`` read the dual too; stores
 and atomic adds to such a field store/add the tangent into its ``.dual``. Tangents are plain
 variables next to the values, so loops, branches and serial code need nothing more (no stacks:
-forward mode runs forward). Integer casts, comparisons, ``qd.stop_grad`` and ndarray reads carry
-a zero tangent; calls without a rule are rejected naming the line.
+forward mode runs forward). Vector/matrix constructors are linear: the tangent is the same
+constructor over the tangents of their elements. Integer casts, comparisons, ``qd.stop_grad``
+and ndarray reads carry a zero tangent; calls without a rule are rejected naming the line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from .autodiff import (
     _MATH_CALLEES,
     _clean,
     _Emitter,
+    _is_constant_matrix,
+    _is_constructor,
     _is_no_gradient,
     trace_rule,
 )
@@ -195,12 +198,26 @@ class _Tangents:
             return self._cast(e, args[0], stmt.target)
         if callee in _ARRAY_LOADS or callee in _ARRAY_STORES:
             return self._zero(e, stmt.target)
+        if callee is not MISSING and _is_constant_matrix(callee):
+            return self._zero(e, stmt.target)
+        if callee is not MISSING and _is_constructor(callee):    # linear: the constructor of the tangents
+            return e.ir.Expr.call(stmt.value.func, [self._literal_tangent(e, a) for a in args], stmt.value.kws, e.loc)
         if callee is not MISSING and _is_no_gradient(callee):
             return self._zero(e, stmt.target)
         what = getattr(callee, "__name__", None) or "this function"
         raise state.error(QuadrantsSyntaxError,
                           f"qd.ad.FwdMode: a call to {what} cannot be differentiated (use a qd.func, a qd math "
                           "function, or qd.stop_grad)", stmt.loc)
+
+    def _literal_tangent(self, e, var):
+        """A constructor's argument with each element replaced by its tangent (a literal list or
+        tuple, nested for matrix rows, keeps its form)."""
+        value = self.state.definition(var)
+        if isinstance(value, self.ir.Expr) and value.op in ("build_list", "build_tuple"):
+            items = [self._literal_tangent(e, item) for item in value.items]
+            build = self.ir.Expr.build_list if value.op == "build_list" else self.ir.Expr.build_tuple
+            return e.assign(build(items, e.loc), "$fd")
+        return self.tangent(var, e)
 
     def _method_tangent(self, e, base, name, args):
         """The tangent of a linear method (``transpose``, ``sum``, ``trace``: the method of the

@@ -49,14 +49,14 @@ class InlineFuncs:
                             and stmt.value.op == "call"):
                         continue
                     callee = try_static(state, stmt.value.func)
-                    if isinstance(callee, QdRealFunc) and state.autodiff_mode is not None:
+                    if isinstance(callee, QdRealFunc) and state.autodiff_mode in ("reverse", "forward"):
                         raise state.error(QuadrantsSyntaxError, f"qd.real_func '{callee.name}' cannot be "
                                           "called in a differentiated kernel (Quadrants' rule too)", stmt.loc)
                     if isinstance(callee, QdRealFunc) and callee.takes_data \
                             and _check_data_arguments(state, block, stmt, callee):
                         changed = progress = True
                         break
-                    if state.autodiff_mode is not None and _inlined_for_autodiff(callee):
+                    if state.autodiff_mode in ("reverse", "forward") and _inlined_for_autodiff(callee):
                         stack = state.block_stacks.get(label, ())
                         self._inline_python(state, label, block, i, stmt, callee, stack)
                         changed = progress = True

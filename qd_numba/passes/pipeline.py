@@ -12,6 +12,7 @@ import dataclasses
 import sys
 
 from ..errors import QuadrantsCompilationError
+from .ad_validation import RecordReads
 from .array_access import DirectArrayAccess
 from .asserts import RewriteAsserts
 from .autodiff import ReverseMode
@@ -58,7 +59,7 @@ UNTYPED_PIPELINE = (
                        RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, TagSerialStreamGroups,
                     CfgOptimize)),
-    Stage("autodiff", (ReverseMode, ForwardMode)),
+    Stage("autodiff", (ReverseMode, ForwardMode, RecordReads)),
 )
 
 

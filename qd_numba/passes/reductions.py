@@ -332,7 +332,7 @@ class ReduceAtomics:
         accumulations ``G.grad[I] += g`` at a uniform address reduce like any other."""
         # the gradient compile differentiates the forward body as written: ReverseMode drops its
         # stores and atomics, and a partial would be a call it cannot differentiate
-        if not state.loops or (state.autodiff_mode is not None and not adjoints):
+        if not state.loops or (state.autodiff_mode in ("reverse", "forward") and not adjoints):
             return False
         state.refresh_definitions()
         assigns, uses = _assignments(state), _uses(state)

@@ -80,12 +80,12 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
                                     f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
         raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
-    if arch in (cuda, gpu):
-        arch = _open_gpu(arch, enable_fallback)
     if arch == amdgpu:
         raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
                                     "neither is available here")
     new_config = config.config_from_env(arch=arch, **overrides, **options)
+    if arch in (cuda, gpu):
+        new_config.arch = _open_gpu(arch, enable_fallback, new_config)
     _install(new_config)
     target_for(new_config.arch).configure(new_config)
 
@@ -102,11 +102,11 @@ def _install(new_config: config.Config) -> None:
     random_state.reset()
 
 
-def _open_gpu(arch: str, enable_fallback: bool | None) -> str:
-    """``cuda``, its device and context opened now (a missing GPU is an error of ``qd.init``), or
-    ``cpu`` where ``enable_fallback`` allows it, with a warning."""
+def _open_gpu(arch: str, enable_fallback: bool | None, cfg: config.Config) -> str:
+    """``cuda``, its device (``cfg.device_id``) and context opened now (a missing GPU is an error
+    of ``qd.init``), or ``cpu`` where ``enable_fallback`` allows it, with a warning."""
     try:
-        target_for(cuda).open()
+        target_for(cuda).open(cfg)
         return cuda
     except QuadrantsRuntimeError as e:
         if not (enable_fallback if enable_fallback is not None else arch == gpu):

@@ -306,6 +306,11 @@ class ArrayData:
         self.claim()
         return dlpack.device(self)
 
+    def to_dlpack(self, versioned: bool = False):
+        """Quadrants' export: the capsule of :meth:`__dlpack__` (``versioned``: DLPack 1.0's
+        ``"dltensor_versioned"``, writable for numpy; else ``"dltensor"``)."""
+        return self.__dlpack__(max_version=(1, 0) if versioned else None)
+
     def claim(self) -> None:
         """Before any use: fields check that they belong to the runtime in force (:class:`Field`);
         a qd.ndarray is an argument, valid under any runtime."""

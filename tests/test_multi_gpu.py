@@ -225,6 +225,18 @@ def test_numpy_consumes_host_views(rng, arch):
     np.testing.assert_array_equal(a.to_numpy(), a0)
 
 
+def test_quadrants_to_dlpack(torch, rng):
+    f = qd.field(qd.f32, shape=(4, 6))
+    f0 = rng.uniform(-1, 1, (4, 6)).astype(np.float32)
+    f.from_numpy(f0)
+    legacy, versioned = f.to_dlpack(), f.to_dlpack(versioned=True)
+    assert '"dltensor"' in repr(legacy) and '"dltensor_versioned"' in repr(versioned)
+    t = torch.utils.dlpack.from_dlpack(legacy)
+    t += 1.0
+    np.testing.assert_allclose(torch.from_dlpack(versioned).cpu().numpy(), f0 + np.float32(1.0))
+    np.testing.assert_allclose(f.to_numpy(), f0 + np.float32(1.0))
+
+
 def test_copy_true_exports_a_copy(torch, rng):
     a = qd.ndarray(qd.f32, (5, 3))
     a0 = rng.uniform(-1, 1, (5, 3)).astype(np.float32)

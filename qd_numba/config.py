@@ -103,7 +103,7 @@ class Config:
     advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
     short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
     cuda_stack_limit: int = 0           # bytes of CUDA stack per thread (0: the driver's default)
-    device_id: int = 0                  # QD_DEVICE: the CUDA device of this process (docs/multi_gpu.md)
+    device_id: int | None = None        # QD_DEVICE: the CUDA device of this process (None: the thread's current one)
     quadrants_options: dict = dataclasses.field(default_factory=dict)   # accepted Quadrants options without effect
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
@@ -197,7 +197,7 @@ def config_from_env(**overrides) -> Config:
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
-        device_id=env_int("QD_DEVICE", 0),
+        device_id=env_int("QD_DEVICE", 0) if os.environ.get("QD_DEVICE", "").strip() else None,
     )
     cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
     cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip
@@ -225,10 +225,11 @@ def config_from_env(**overrides) -> Config:
     if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
         raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
                                    "(0: one per CPU core)")
-    if isinstance(cfg.device_id, bool) or not isinstance(cfg.device_id, (int, np.integer)) or cfg.device_id < 0:
-        raise QuadrantsConfigError(f"device_id={cfg.device_id!r}: expected a CUDA device number >= 0 (QD_DEVICE, "
-                                   "qd.init(device_id=...))")
-    cfg.device_id = int(cfg.device_id)
+    if cfg.device_id is not None:
+        if isinstance(cfg.device_id, bool) or not isinstance(cfg.device_id, (int, np.integer)) or cfg.device_id < 0:
+            raise QuadrantsConfigError(f"device_id={cfg.device_id!r}: expected a CUDA device number >= 0 (QD_DEVICE, "
+                                       "qd.init(device_id=...)) or None (the device current in the calling thread)")
+        cfg.device_id = int(cfg.device_id)
     return cfg
 
 

@@ -141,16 +141,15 @@ def _buffer(data, stream=None, copy=None):
 
 def device(data) -> tuple[int, int]:
     """``__dlpack_device__``: (DLPack device type, device id)."""
-    if getattr(data, "_tree", None) is None and data._dev is not None and config.current.arch == "cuda":
-        return CUDA, config.current.device_id
-    return CPU, 0
+    return _buffer(data)[4]
 
 
 def export(data, stream=None, max_version=None, dl_device=None, copy=None):
     """``__dlpack__`` of a field or ndarray (the protocol's keywords; see the module docstring).
     ``copy=True`` exports a copy; a ``dl_device`` other than the array's own is our error."""
-    if dl_device is not None and tuple(int(v) for v in dl_device) != device(data):
-        raise QuadrantsTypeError(f"DLPack export: {data._describe()} is on DLPack device {device(data)}, not "
+    where = device(data)
+    if dl_device is not None and tuple(int(v) for v in dl_device) != where:
+        raise QuadrantsTypeError(f"DLPack export: {data._describe()} is on DLPack device {where}, not "
                                  f"{tuple(dl_device)}; copy it with to_numpy()/to_torch(device=...)")
     ptr, shape, strides, dtype, where, owner = _buffer(data, stream, copy)
     versioned = max_version is not None and int(max_version[0]) >= 1

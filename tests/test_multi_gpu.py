@@ -44,7 +44,8 @@ def test_qd_device_variable_and_option(monkeypatch):
     assert config.config_from_env().device_id == 3
     assert config.config_from_env(device_id=1).device_id == 1      # the option wins
     monkeypatch.delenv("QD_DEVICE")
-    assert config.config_from_env().device_id == 0
+    assert config.config_from_env().device_id is None    # the device current in the thread opening the runtime
+    assert config.config_from_env(device_id=None).device_id is None
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "1"])
@@ -92,7 +93,7 @@ def test_out_of_range_device_id_names_it_and_the_count(two_fake_gpus):
 def test_one_device_per_process(monkeypatch):
     fake = types.SimpleNamespace(device_id=0)
     monkeypatch.setattr(CudaRuntime, "_instance", fake)
-    assert CudaRuntime.open(0) is fake
+    assert CudaRuntime.open(0) is fake and CudaRuntime.open(None) is fake
     with pytest.raises(QuadrantsConfigError, match=r"qd.init\(device_id=1\): this process already runs on CUDA "
                                                    "device 0; qd_numba uses one device per process"):
         CudaRuntime.open(1)
@@ -305,6 +306,9 @@ def test_device_id_zero_runs_kernels(rng, monkeypatch):
         monkeypatch.setenv("QD_DEVICE", "0")
         qd.init(arch=qd.cuda)
         assert config.current.device_id == 0
+        monkeypatch.delenv("QD_DEVICE")
+        qd.init(arch=qd.cuda)       # no device named: the runtime's (current) device stays
+        assert config.current.device_id is None and CudaRuntime.get().device_id == 0
     finally:
         qd.init(arch=qd.cpu)
 

@@ -270,7 +270,7 @@ class CudaRuntime:
     _instance = None
     _lock = threading.Lock()
 
-    def __init__(self, device_id: int = 0):
+    def __init__(self, device_id: int | None = None):
         from numba import cuda
 
         from .compile import cuda_available, install_cuda_ufunc_math_fallbacks
@@ -279,16 +279,19 @@ class CudaRuntime:
             raise QuadrantsRuntimeError("the CUDA backend needs an NVIDIA GPU and a CUDA driver; none was found")
         self.cuda = cuda
         self.device_count = len(cuda.gpus)
-        if not 0 <= device_id < self.device_count:
+        if device_id is not None and not 0 <= device_id < self.device_count:
             raise QuadrantsConfigError(f"device_id={device_id} (qd.init(device_id=...) or QD_DEVICE): no such CUDA "
                                        f"device; {_device_list(self.device_count)}")
         try:
-            cuda.select_device(device_id)   # numba-cuda pushes the device's primary context in this thread
+            # numba-cuda pushes the device's primary context in this thread; None: the device
+            # current in this thread (torch.cuda.set_device's), else device 0
+            if device_id is not None:
+                cuda.select_device(device_id)
+            self.context = cuda.current_context()
         except RuntimeError as e:
-            raise QuadrantsConfigError(f"device_id={device_id}: this thread already uses another CUDA device through "
-                                       f"numba-cuda ({e}); qd_numba runs on one device per process") from None
-        self.device_id = device_id
-        self.context = cuda.current_context()
+            raise QuadrantsConfigError(f"device_id={device_id}: numba-cuda cannot use that device's context in this "
+                                       f"thread ({e}); qd_numba runs on one device per process") from None
+        self.device_id = int(self.context.device.id)
         dev = self.context.device
         self.cc = tuple(dev.compute_capability)
         self.sm_count = int(dev.MULTIPROCESSOR_COUNT)
@@ -315,14 +318,15 @@ class CudaRuntime:
             self.stack_limit = limit
 
     @classmethod
-    def open(cls, device_id: int) -> CudaRuntime:
-        """The runtime on CUDA device ``device_id`` (``qd.init``): made on first use; one device
-        per process (docs/multi_gpu.md), so asking for another one later is our error."""
+    def open(cls, device_id: int | None) -> CudaRuntime:
+        """The runtime on CUDA device ``device_id`` (``qd.init``; None: the device current in
+        this thread): made on first use; one device per process (docs/multi_gpu.md), so asking
+        for another one later is our error."""
         with cls._lock:
             rt = cls._instance
             if rt is None:
                 rt = cls._instance = CudaRuntime(device_id)
-            elif rt.device_id != device_id:
+            elif device_id is not None and rt.device_id != device_id:
                 raise QuadrantsConfigError(f"qd.init(device_id={device_id}): this process already runs on CUDA device "
                                            f"{rt.device_id}; qd_numba uses one device per process (start one "
                                            "process per GPU, e.g. with torchrun)")

@@ -269,6 +269,15 @@ def test_capsules_keep_the_buffer_until_the_consumer_lets_go(torch, rng):
         assert len(dlpack._exported) == kept
 
 
+def test_a_field_is_still_not_an_ndarray_argument(rng):
+    """Fields export DLPack, but a qd.types.ndarray() parameter still refuses them (as Quadrants)."""
+    x = qd.ndarray(qd.f32, (37, 1))
+    x.from_numpy(rng.uniform(-1, 1, (37, 1)).astype(np.float32))
+    f = qd.field(qd.f32, shape=(37, 1))
+    with pytest.raises(QuadrantsTypeError, match="argument 'y': got the field .* fields are global"):
+        scale_add(f, x, 1.0)
+
+
 def test_dlpack_export_errors_name_the_array():
     tree = qd.field(qd.f32, name="tree_x")
     qd.root.dense(qd.i, 8).place(tree)

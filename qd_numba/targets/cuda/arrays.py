@@ -19,8 +19,8 @@ from numba.core import types
 
 from ... import config, dlpack
 from ...errors import QuadrantsTypeError
-from ...field import Ndarray
-from ...frontend.args import ndarray_type
+from ...field import Field, Ndarray
+from ...frontend.args import field_for_ndarray_message, ndarray_type
 from ...lowering import device
 from .runtime import CudaRuntime, ensure_device
 
@@ -104,6 +104,8 @@ def array_view(a, where: str) -> ArrayView:
         raise QuadrantsTypeError(f"{where}: a host array ({type(a).__name__}, through __array_interface__) cannot be "
                                  "passed to a CUDA kernel; pass a numpy array (copied to the GPU and back) or a CUDA "
                                  "array")
+    if isinstance(a, Field):    # before DLPack: fields export one, but are not ndarray arguments
+        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
     if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
         return _dlpack_view(a, where)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "

@@ -109,6 +109,7 @@ class Config:
     amdgpu_arch: str = "gfx942"         # QD_AMDGPU_ARCH: AMDGPU processors to compile for, comma-separated
     amdgpu_lld: str = ""                # QD_AMDGPU_LLD: the ld.lld to link code objects ("": found, docs/amdgpu.md)
     amdgpu_device_libs: str = ""        # QD_AMDGPU_DEVICE_LIBS: ROCm's device bitcode directory ("": from ROCm)
+    device_id: int | None = None        # QD_DEVICE: the CUDA device of this process (None: the thread's current one)
     quadrants_options: dict = dataclasses.field(default_factory=dict)   # accepted Quadrants options without effect
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
@@ -229,6 +230,7 @@ def config_from_env(**overrides) -> Config:
         amdgpu_arch=os.environ.get("QD_AMDGPU_ARCH", "").strip() or "gfx942",
         amdgpu_lld=os.environ.get("QD_AMDGPU_LLD", "").strip(),
         amdgpu_device_libs=os.environ.get("QD_AMDGPU_DEVICE_LIBS", "").strip() or _rocm_bitcode_dir(),
+        device_id=env_int("QD_DEVICE", 0) if os.environ.get("QD_DEVICE", "").strip() else None,
     )
     cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
     cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip
@@ -256,6 +258,11 @@ def config_from_env(**overrides) -> Config:
     if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
         raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
                                    "(0: one per CPU core)")
+    if cfg.device_id is not None:
+        if isinstance(cfg.device_id, bool) or not isinstance(cfg.device_id, (int, np.integer)) or cfg.device_id < 0:
+            raise QuadrantsConfigError(f"device_id={cfg.device_id!r}: expected a CUDA device number >= 0 (QD_DEVICE, "
+                                       "qd.init(device_id=...)) or None (the device current in the calling thread)")
+        cfg.device_id = int(cfg.device_id)
     return cfg
 
 

@@ -292,6 +292,25 @@ class ArrayData:
             raise QuadrantsTypeError(f"to_cupy: {self._describe()} is in host memory (use qd.init(arch=qd.cuda))")
         return cupy.asarray(self._dev)
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule viewing this array's memory without a copy (``torch.from_dlpack(x)``):
+        host memory on the CPU, device memory on CUDA (dlpack.py; docs/multi_gpu.md)."""
+        from . import dlpack
+
+        self.claim()
+        return dlpack.export(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import dlpack
+
+        self.claim()
+        return dlpack.device(self)
+
+    def to_dlpack(self, versioned: bool = False):
+        """Quadrants' export: the capsule of :meth:`__dlpack__` (``versioned``: DLPack 1.0's
+        ``"dltensor_versioned"``, writable for numpy; else ``"dltensor"``)."""
+        return self.__dlpack__(max_version=(1, 0) if versioned else None)
+
     def claim(self) -> None:
         """Before any use: fields check that they belong to the runtime in force (:class:`Field`);
         a qd.ndarray is an argument, valid under any runtime."""

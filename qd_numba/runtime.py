@@ -80,11 +80,11 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
                                     f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
         raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
-    if arch in (cuda, gpu):
-        arch = _open_gpu(arch, enable_fallback)
-    elif arch == amdgpu:
+    if arch == amdgpu:
         target_for(amdgpu).open()
     new_config = config.config_from_env(arch=arch, **overrides, **options)
+    if arch in (cuda, gpu):
+        new_config.arch = _open_gpu(arch, enable_fallback, new_config)
     _install(new_config)
     target_for(new_config.arch).configure(new_config)
 
@@ -101,14 +101,17 @@ def _install(new_config: config.Config) -> None:
     random_state.reset()
 
 
-def _open_gpu(arch: str, enable_fallback: bool | None) -> str:
-    """The GPU target opened now (a missing GPU is an error of ``qd.init``): ``cuda`` for
-    ``qd.cuda``; for ``qd.gpu`` the first of ``cuda``, ``amdgpu`` that opens; or ``cpu`` where
-    ``enable_fallback`` allows it, with a warning."""
+def _open_gpu(arch: str, enable_fallback: bool | None, cfg: config.Config) -> str:
+    """The GPU target opened now (a missing GPU is an error of ``qd.init``): ``cuda`` (its device
+    ``cfg.device_id`` and context) for ``qd.cuda``; for ``qd.gpu`` the first of ``cuda``,
+    ``amdgpu`` that opens; or ``cpu`` where ``enable_fallback`` allows it, with a warning."""
     errors = []
     for candidate in (cuda, amdgpu) if arch == gpu else (cuda,):
         try:
-            target_for(candidate).open()
+            if candidate == cuda:
+                target_for(cuda).open(cfg)
+            else:
+                target_for(candidate).open()
             return candidate
         except QuadrantsRuntimeError as e:
             errors.append(e)

@@ -13,7 +13,8 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
-@pytest.mark.parametrize("name", ["heat_diffusion", "monte_carlo_pi", "particles", "diff_projectile"])
+@pytest.mark.parametrize("name", ["heat_diffusion", "monte_carlo_pi", "particles", "diff_projectile",
+                                  "distributed_jacobi"])
 def test_example_runs_and_checks_itself(name):
     out = subprocess.run([sys.executable, os.path.join(EXAMPLES, f"{name}.py")], capture_output=True, text=True,
                          timeout=600)

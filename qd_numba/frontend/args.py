@@ -205,6 +205,8 @@ def host_array(a, where: str) -> np.ndarray:
             return a.numpy()            # the common case first: a CPU tensor without autograd
         except (TypeError, RuntimeError):
             return _torch_host_array(a, where)
+    if isinstance(a, Field):    # before DLPack: fields export one, but are not ndarray arguments
+        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
     if hasattr(a, "__array_interface__"):
         return np.asarray(a)
     if hasattr(a, "__dlpack__"):
@@ -219,8 +221,6 @@ def host_array(a, where: str) -> np.ndarray:
     if hasattr(a, "__cuda_array_interface__"):
         raise QuadrantsTypeError(f"{where}: a CUDA array ({type(a).__name__}) cannot be passed to a kernel on "
                                  "qd.cpu; use qd.init(arch=qd.cuda)")
-    if isinstance(a, Field):
-        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy array, qd.ndarray, CPU torch tensor, or an "
                              f"object with __array_interface__ or __dlpack__), got {type(a).__name__}")
 

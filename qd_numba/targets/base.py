@@ -72,9 +72,16 @@ class Target:
     def synchronize(self) -> None:
         """Wait for all work this target has started (``qd.sync()``)."""
 
-    def open(self) -> None:
-        """``qd.init`` chose this target: check that it can run here and make its device ready,
-        so that a missing device is an error of ``qd.init`` (QuadrantsRuntimeError)."""
+    def open(self, cfg) -> None:
+        """``qd.init`` chose this target, with the configuration ``cfg`` it is installing: check
+        that it can run here and make its device ready (CUDA: ``cfg.device_id``), so that a
+        missing device is an error of ``qd.init`` (QuadrantsRuntimeError)."""
+
+    def dlpack_buffer(self, data, stream, copy) -> tuple[int, int, object] | None:
+        """A DLPack export of ``data``'s device buffer (dlpack.py): (pointer, device id, what
+        keeps it alive), ordered before the consumer's ``stream``; a copy when ``copy``. None:
+        its data is host memory (every target without devices)."""
+        return None
 
     def configure(self, cfg) -> None:
         """``qd.init`` installed ``cfg`` with this target: apply the device settings it holds

@@ -17,10 +17,10 @@ import ctypes
 import numpy as np
 from numba.core import types
 
-from ... import config
+from ... import config, dlpack
 from ...errors import QuadrantsTypeError
-from ...field import Ndarray
-from ...frontend.args import ndarray_type
+from ...field import Field, Ndarray
+from ...frontend.args import field_for_ndarray_message, ndarray_type
 from ...lowering import device
 from .runtime import CudaRuntime, ensure_device
 
@@ -89,55 +89,52 @@ def array_view(a, where: str) -> ArrayView:
         if not a.is_cuda:
             raise QuadrantsTypeError(f"{where}: a CPU torch tensor cannot be passed to a CUDA kernel; "
                                      "use .cuda() or a numpy array")
+        rt = CudaRuntime.get()
+        if rt.device_count > 1 and a.get_device() != rt.device_id:
+            raise _on_other_device(where, a.get_device(), rt.device_id)
         dt = _torch_dtype(a)
         return ArrayView(dt, tuple(a.shape), tuple(s * dt.itemsize for s in a.stride()), a.data_ptr(), False,
                          keep=a)
     if hasattr(a, "device_ctypes_pointer"):   # numba-cuda DeviceNDArray
-        return ArrayView(a.dtype, tuple(a.shape), tuple(a.strides), int(a.device_ctypes_pointer.value or 0), False,
-                         keep=a)
+        ptr = _on_this_device(int(a.device_ctypes_pointer.value or 0), where)
+        return ArrayView(a.dtype, tuple(a.shape), tuple(a.strides), ptr, False, keep=a)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         dt = np.dtype(cai["typestr"])
         shape = tuple(cai["shape"])
         strides = cai.get("strides") or device.c_strides(shape, dt.itemsize)
         ptr, readonly = cai["data"]
-        return ArrayView(dt, shape, tuple(strides), int(ptr or 0), bool(readonly), keep=a)
+        return ArrayView(dt, shape, tuple(strides), _on_this_device(int(ptr or 0), where), bool(readonly), keep=a)
     if hasattr(a, "__array_interface__"):
         raise QuadrantsTypeError(f"{where}: a host array ({type(a).__name__}, through __array_interface__) cannot be "
                                  "passed to a CUDA kernel; pass a numpy array (copied to the GPU and back) or a CUDA "
                                  "array")
+    if isinstance(a, Field):    # before DLPack: fields export one, but are not ndarray arguments
+        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
     if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
         return _dlpack_view(a, where)
     raise QuadrantsTypeError(f"{where}: expected an ndarray (numpy, qd.ndarray, or a CUDA array: torch, cupy, "
                              f"numba-cuda), got {type(a).__name__}")
 
 
+def _on_this_device(ptr: int, where: str) -> int:
+    """``ptr``, checked to be memory of the runtime's device when the process sees several
+    (the driver's answer per pointer is remembered: CudaRuntime.device_of_pointer)."""
+    rt = CudaRuntime.get()
+    if rt.device_count > 1 and ptr:
+        ordinal = rt.device_of_pointer(ptr)
+        if ordinal != rt.device_id:
+            raise _on_other_device(where, ordinal, rt.device_id)
+    return ptr
+
+
+def _on_other_device(where: str, theirs: int, ours: int) -> QuadrantsTypeError:
+    return QuadrantsTypeError(f"{where}: the array is on CUDA device {theirs}, but qd_numba runs on device {ours} "
+                              f"(qd.init(device_id={ours})); move it to device {ours} (torch: .to('cuda:{ours}')) or "
+                              "run this kernel in a process on that device")
+
+
 # -- DLPack: arrays that offer neither a CUDA array interface nor a numba-cuda view ---------------
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    pass
-
-
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                             ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor)))]
-
-_DL_CUDA, _DL_CUDA_MANAGED = 2, 13
-_DL_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}  # DLPack type codes: int, uint, float, bool
-
 
 class _DLPackOwner:
     """Holds a consumed DLPack tensor for as long as a view of it is in use, then calls its
@@ -155,20 +152,23 @@ class _DLPackOwner:
 def _dlpack_view(a, where: str) -> ArrayView:
     """An ArrayView of a CUDA DLPack producer. ``stream=1`` asks the producer to order its
     pending work before the legacy default stream, where qd_numba launches."""
-    device_type, _ = a.__dlpack_device__()
-    if int(device_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
+    device_type, device_id = a.__dlpack_device__()
+    if int(device_type) not in (dlpack.CUDA, dlpack.CUDA_MANAGED):
         raise QuadrantsTypeError(f"{where}: a DLPack array on device type {int(device_type)} cannot be passed "
                                  "to a CUDA kernel; move it to the GPU or pass a numpy array")
+    rt = CudaRuntime.get()
+    if int(device_type) == dlpack.CUDA and int(device_id) != rt.device_id:
+        raise _on_other_device(where, int(device_id), rt.device_id)
     capsule = a.__dlpack__(stream=1)
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     set_name = ctypes.pythonapi.PyCapsule_SetName
     set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-    managed = ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(_DLManagedTensor))
+    managed = ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(dlpack.DLManagedTensor))
     set_name(capsule, b"used_dltensor")  # we own it now: the capsule must not delete it
     owner = _DLPackOwner(managed)
     t = managed.contents.dl_tensor
-    kind = _DL_KINDS.get(t.dtype.code)
+    kind = dlpack.KINDS.get(t.dtype.code)
     if kind is None or t.dtype.lanes != 1:
         raise QuadrantsTypeError(f"{where}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
                                  f"{t.dtype.lanes} lanes)")

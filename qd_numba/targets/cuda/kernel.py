@@ -41,11 +41,25 @@ class CudaTarget(Target):
     def synchronize(self) -> None:
         CudaRuntime.get().cuda.synchronize()
 
-    def open(self) -> None:
+    def open(self, cfg) -> None:
         if not cuda_available():
             raise QuadrantsRuntimeError("qd.init(arch=cuda): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
                                         "`pip install qd_numba[cuda]`); use qd.cpu")
-        CudaRuntime.get()
+        CudaRuntime.open(cfg.device_id)
+
+    def dlpack_buffer(self, data, stream, copy):
+        dev = data._dev
+        if dev is None:
+            return None
+        rt = CudaRuntime.get()
+        # kernels and copies run on the legacy default stream: a consumer's stream that CUDA does
+        # not order with it (non-blocking) waits for them; -1 and None ask for no ordering
+        if stream is not None and stream != -1 and rt.stream_nonblocking(int(stream)):
+            rt.fence(0, int(stream))
+        if copy:
+            dev = rt.cuda.device_array(dev.shape, dev.dtype)
+            dev.copy_to_device(data._dev)
+        return int(dev.device_ctypes_pointer.value or 0), rt.device_id, dev
 
     def configure(self, cfg) -> None:
         rt = CudaRuntime.get()

@@ -13,14 +13,16 @@ This module never compiles kernels and never looks at kernel arguments (arrays.p
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import numpy as np
 
 from ... import config, offline_cache
-from ...errors import QuadrantsRuntimeError
+from ...errors import QuadrantsConfigError, QuadrantsRuntimeError
 
 FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
+_POINTERS_KEPT = 4096  # device ordinals of argument pointers remembered (CudaRuntime.device_of_pointer)
 
 
 def _driver():
@@ -268,7 +270,7 @@ class CudaRuntime:
     _instance = None
     _lock = threading.Lock()
 
-    def __init__(self):
+    def __init__(self, device_id: int | None = None):
         from numba import cuda
 
         from .compile import cuda_available, install_cuda_ufunc_math_fallbacks
@@ -276,12 +278,26 @@ class CudaRuntime:
         if not cuda_available():
             raise QuadrantsRuntimeError("the CUDA backend needs an NVIDIA GPU and a CUDA driver; none was found")
         self.cuda = cuda
-        self.context = cuda.current_context()
+        self.device_count = len(cuda.gpus)
+        if device_id is not None and not 0 <= device_id < self.device_count:
+            raise QuadrantsConfigError(f"device_id={device_id} (qd.init(device_id=...) or QD_DEVICE): no such CUDA "
+                                       f"device; {_device_list(self.device_count)}")
+        try:
+            # numba-cuda pushes the device's primary context in this thread; None: the device
+            # current in this thread (torch.cuda.set_device's), else device 0
+            if device_id is not None:
+                cuda.select_device(device_id)
+            self.context = cuda.current_context()
+        except RuntimeError as e:
+            raise QuadrantsConfigError(f"device_id={device_id}: numba-cuda cannot use that device's context in this "
+                                       f"thread ({e}); qd_numba runs on one device per process") from None
+        self.device_id = int(self.context.device.id)
         dev = self.context.device
         self.cc = tuple(dev.compute_capability)
         self.sm_count = int(dev.MULTIPROCESSOR_COUNT)
         # every resident thread of the device: the most a saturating grid-stride launch uses
         self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
+        self._pointer_devices = {}  # device pointer -> ordinal (device_of_pointer)
         install_cuda_ufunc_math_fallbacks()
         self.plan_builds = 0
         self.stack_limit = 0        # the cuda_stack_limit applied (0: the driver's default)
@@ -302,12 +318,38 @@ class CudaRuntime:
             self.stack_limit = limit
 
     @classmethod
+    def open(cls, device_id: int | None) -> CudaRuntime:
+        """The runtime on CUDA device ``device_id`` (``qd.init``; None: the device current in
+        this thread): made on first use; one device per process (docs/multi_gpu.md), so asking
+        for another one later is our error."""
+        with cls._lock:
+            rt = cls._instance
+            if rt is None:
+                rt = cls._instance = CudaRuntime(device_id)
+            elif device_id is not None and rt.device_id != device_id:
+                raise QuadrantsConfigError(f"qd.init(device_id={device_id}): this process already runs on CUDA device "
+                                           f"{rt.device_id}; qd_numba uses one device per process (start one "
+                                           "process per GPU, e.g. with torchrun)")
+        return rt
+
+    @classmethod
     def get(cls) -> CudaRuntime:
         if cls._instance is None:
-            with cls._lock:
-                if cls._instance is None:
-                    cls._instance = CudaRuntime()
+            return cls.open(config.current.device_id)
         return cls._instance
+
+    def device_of_pointer(self, ptr: int) -> int:
+        """The ordinal of the device holding device pointer ``ptr`` (the driver's answer,
+        remembered for the last few thousand pointers, so a pointer is asked about once)."""
+        ordinal = self._pointer_devices.get(ptr)
+        if ordinal is None:
+            if len(self._pointer_devices) >= _POINTERS_KEPT:
+                self._pointer_devices.clear()
+            drv = _driver()
+            attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+            ordinal = self._pointer_devices[ptr] = int(_check(drv.cuPointerGetAttribute(attr, ptr),
+                                                              "cuPointerGetAttribute(device ordinal)"))
+        return ordinal
 
     def field_table(self, fields):
         """A device table of the data pointers of ``fields`` (a kernel instance's fields, in the
@@ -447,6 +489,13 @@ class CudaRuntime:
         module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         fn = _check(drv.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
         return module, fn
+
+
+def _device_list(count: int) -> str:
+    """How many CUDA devices this process sees, for error messages."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    return f"this process sees {count} CUDA device(s){seen}, ids 0 to {count - 1}"
 
 
 # -- device storage of fields and qd.ndarrays --------------------------------------------------------

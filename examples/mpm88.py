@@ -16,6 +16,9 @@ Checks, on random particles (exit status non-zero when one fails):
   first moments vanish, so the affine and stress terms add no net momentum);
 - one substep equals an independent numpy implementation of the same substep;
 - after the run every particle is inside the domain.
+
+The file uses only names that Quadrants has: with ``import quadrants as qd`` it runs under
+Quadrants unchanged (bench/mpm88_bench.py times both that way).
 """
 
 from __future__ import annotations
@@ -241,7 +244,7 @@ def _gui():
     """``qd.GUI`` if there is one and a display to draw on; None (with a message) otherwise."""
     make = getattr(qd, "GUI", None)
     if make is None:
-        print("mpm88: qd.GUI is not available in qd_numba; running without drawing")
+        print(f"mpm88: qd.GUI is not available in {qd.__name__}; running without drawing")
         return None
     try:
         return make("MPM88", res=512, background_color=0x112F41)

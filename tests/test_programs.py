@@ -1,6 +1,7 @@
 """The real programs of examples/ (MPM88, the particle list on dynamic SNodes) at small sizes,
 against numpy: conservation laws, one MPM substep against an independent numpy step, the same
-result for every particle layout (AoS, SoA, blocked), and per-cell lists against numpy.
+result for every particle layout (AoS, SoA, blocked), and per-cell lists against numpy; and the
+cases of bench/sparse_bench.py at a small size (the bench's results are right).
 The ``cuda``-marked variants run them at larger sizes on the device.
 """
 
@@ -14,11 +15,11 @@ import pytest
 
 import qd_numba as qd
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"qd_example_{name}", os.path.join(EXAMPLES, f"{name}.py"))
+def _example(name: str, folder: str = "examples"):
+    spec = importlib.util.spec_from_file_location(f"qd_{folder}_{name}", os.path.join(ROOT, folder, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -26,13 +27,15 @@ def _example(name: str):
 
 mpm88 = _example("mpm88")
 particle_list = _example("particle_list")
+sparse_bench = _example("sparse_bench", "bench")
 
 
 @pytest.fixture
-def cuda_arch():
+def cuda_arch(arch):
+    """On the GPU for the test, then back on the suite's arch."""
     qd.init(arch=qd.cuda)
     yield
-    qd.init(arch=qd.cpu)
+    qd.init(arch=qd.cuda if arch == "cuda" else qd.cpu)
 
 
 def _mpm_checks(n_particles, n_grid, seed):
@@ -80,6 +83,15 @@ def test_particle_list_matches_numpy():
 def test_particle_list_radius_above_a_cell_is_refused():
     with pytest.raises(ValueError, match="radius"):
         particle_list.ParticleList(10, 4, 8, radius=0.3)
+
+
+@pytest.mark.parametrize("layout, fraction", [("dense", 1.0), ("bitmasked", 0.1), ("pointer", 0.1)])
+def test_sparse_bench_case_is_right(layout, fraction):
+    """The bench's struct-for visits exactly the written cells (its own check against numpy)."""
+    r = sparse_bench.child(qd, layout, 64, fraction, timed=False)
+    assert r["ok"], r
+    want = {"dense": 64 * 64, "bitmasked": round(0.1 * 64 * 64), "pointer": round(0.1 * 8 * 8) * 64}[layout]
+    assert r["active_cells"] == want
 
 
 @pytest.mark.cuda

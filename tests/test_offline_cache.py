@@ -9,6 +9,7 @@ can "edit" a kernel by executing other source under the same name.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import subprocess
 import sys
@@ -457,3 +458,36 @@ def test_a_cached_debug_kernel_still_raises_out_of_bounds_and_returns_values(cac
     assert offline_cache.stats.hits == 1 and ns["total"].compile_count == 1
     with pytest.raises(qd.QuadrantsRuntimeError, match="total"):
         ns["total"](65)
+
+
+def test_a_freed_template_object_never_lends_its_loaded_instance_to_a_new_one(cache_dir, rng):
+    """Instances are keyed by the identity of a template object (a data-oriented ``self``). A
+    loaded instance holds no reference to the object it was loaded for, so a new object that
+    gets a freed one's id must still get its own instance (its fields, its constants), not the
+    freed one's: objects are made and dropped one after another, so CPython reuses addresses."""
+    ns = define("""
+    @qd.data_oriented
+    class Scaled:
+        def __init__(self, n, s):
+            self.s = s
+            self.x = qd.field(qd.f32, shape=n)
+
+        @qd.kernel
+        def apply(self):
+            for i in self.x:
+                self.x[i] = self.x[i] * self.s
+    """)
+    kinds = [(8, 1.5), (9, 2.5), (10, 3.5)]
+    for n, s in kinds:
+        ns["Scaled"](n, s).apply()       # the entries: one per size and factor
+    fresh_process()
+    for k in range(30):                  # every call a hit; the next object often takes the last one's id
+        n, s = kinds[k % 3]
+        obj = ns["Scaled"](n, s)
+        x0 = rng.random(n).astype(np.float32)
+        obj.x.from_numpy(x0)
+        obj.apply()
+        np.testing.assert_allclose(obj.x.to_numpy(), x0 * np.float32(s), rtol=1e-6)
+        del obj
+        gc.collect()
+    assert offline_cache.stats.hits == 30

@@ -477,3 +477,23 @@ def test_multi_letter_swizzles_read_components(rng):
 
     with pytest.raises(qd.QuadrantsTypeError, match="swizzle 'xw'"):
         too_far()
+
+
+def test_int_and_float_of_vectors(rng):
+    """``int(v)``/``float(v)`` convert every component (``default_ip``/``default_fp``), as in
+    Quadrants' MPM: ``base = int(Xp - 0.5)``."""
+    a = rng.uniform(0.0, 20.0, (16, 2)).astype(np.float32)
+    base = np.zeros((16, 2), np.int32)
+    back = np.zeros((16, 2), np.float32)
+
+    @qd.kernel
+    def convert(a: qd.types.ndarray(), base: qd.types.ndarray(), back: qd.types.ndarray()):
+        for p in range(a.shape[0]):
+            b = int(qd.Vector([a[p, 0], a[p, 1]]) - 0.5)
+            f = float(b * 2)
+            for d in qd.static(range(2)):
+                base[p, d] = b[d]
+                back[p, d] = f[d] + 0.25
+    convert(a, base, back)
+    np.testing.assert_array_equal(base, (a - 0.5).astype(np.int32))
+    np.testing.assert_array_equal(back, (a - 0.5).astype(np.int32) * 2 + np.float32(0.25))

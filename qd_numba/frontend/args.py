@@ -6,7 +6,8 @@ values that every target shares (one module for both: the CPU call path and the 
 * :func:`ndarray_type` is the Numba type of an ndarray argument (dtype, ndim, layout, element
   shape checked against the annotation); :func:`host_array` turns any CPU array-like
   (qd.ndarray, torch tensor, ``__array_interface__``, DLPack) into the numpy array a CPU kernel
-  uses; :func:`template_key` keys compiled instances on template values (identity for objects).
+  uses; :func:`template_key` keys compiled instances on template values (identity for objects,
+  kept alive by the instance: :func:`pinned_templates`).
 """
 
 from __future__ import annotations
@@ -168,6 +169,14 @@ def template_key(value):
     if isinstance(value, (int, float, bool, str, type(None))):
         return (type(value), value)
     return id(value)
+
+
+def pinned_templates(args, params) -> tuple:
+    """The objects among the template arguments (those :func:`template_key` keys by identity).
+    A compiled instance keeps them alive: otherwise an object made after one was freed can get
+    its id and run the instance compiled for the freed one (its fields, its constants)."""
+    return tuple(a for p, a in zip(params, args)
+                 if p.kind == "template" and not isinstance(a, (int, float, bool, str, type(None))))
 
 
 def field_type(f: ArrayData, debug: bool) -> FieldType:

@@ -217,6 +217,29 @@ def _lower_cast(context, builder, sig, args):
     return context.cast(builder, args[0], x_ty, rt)
 
 
+def _register_builtin_cast(py_type) -> None:
+    """``int(v)``/``float(v)`` of a vector or matrix in compiled code: ``qd.cast(v, int)`` (the
+    ``default_ip``/``default_fp`` in force), as in Quadrants (``base = int(Xp - 0.5)``). Scalars
+    keep Numba's own ``int``/``float``."""
+
+    @infer_global(py_type)
+    class BuiltinCastTemplate(AbstractTemplate):
+        def generic(self, args, kws):
+            if not kws and len(args) == 1 and isinstance(args[0], MatrixType):
+                return signature(args[0].with_dtype(to_numba(py_type)), args[0])
+            return None
+
+    @lower_builtin(py_type, MatrixType)
+    def _lower_builtin_cast(context, builder, sig, args):
+        (x_ty,), rt = sig.args, sig.return_type
+        return pack(context, builder, rt, cast_all(context, builder, elements(builder, args[0], x_ty),
+                                                   x_ty.dtype, rt.dtype))
+
+
+_register_builtin_cast(int)
+_register_builtin_cast(float)
+
+
 def bit_cast(x, dtype):
     """The scalar ``x`` reinterpreted, bits unchanged, as ``dtype`` of the same width (C++'s
     ``reinterpret_cast``; ``qd.bit_cast(1.0, qd.u32)`` is ``0x3F800000``)."""

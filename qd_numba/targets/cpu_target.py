@@ -26,6 +26,7 @@ from ..frontend.args import (
     host_array,
     int_range,
     ndarray_type,
+    pinned_templates,
     scalar_argument,
     template_argument,
     template_key,
@@ -80,6 +81,7 @@ class CpuKernel(KernelBackend):
     def __init__(self, kernel):
         self.kernel = kernel
         self.instances = {}
+        self.template_objects = {}   # instance key -> the template objects it was compiled for (kept alive)
         self.lock = kernel._lock
 
     # -- the call path ---------------------------------------------------------------------------
@@ -181,6 +183,7 @@ class CpuKernel(KernelBackend):
             inst = self.instances.get(key)
             if inst is None:
                 inst = self.instances[key] = self.compile(types_, templates)
+                self.template_objects[key] = pinned_templates(host_args, kernel.params)
         return inst
 
     # -- argument checks ------------------------------------------------------------------------------

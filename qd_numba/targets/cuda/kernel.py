@@ -17,7 +17,15 @@ from numba.core import types
 from ... import config, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
-from ...frontend.args import INT_TYPES, NUMBER_TYPES, argument_where, int_range, scalar_argument, template_key
+from ...frontend.args import (
+    INT_TYPES,
+    NUMBER_TYPES,
+    argument_where,
+    int_range,
+    pinned_templates,
+    scalar_argument,
+    template_key,
+)
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
 from ..base import KernelBackend, Target
@@ -74,6 +82,7 @@ class CudaKernel(KernelBackend):
     def __init__(self, kernel):
         self.kernel = kernel
         self.plans = {}
+        self.template_objects = {}   # plan key -> the template objects it was built for (kept alive)
         self.lock = threading.RLock()
         self._where = [argument_where(kernel, p) for p in kernel.params]
         for p in kernel.params:
@@ -162,6 +171,7 @@ class CudaKernel(KernelBackend):
             if plan is None:
                 names = [p.name for p in self.kernel.params if p.kind == "ndarray"]
                 plan = self.plans[key] = self._build(args, dict(zip(names, view_list)))
+                self.template_objects[key] = pinned_templates(args, self.kernel.params)
         return plan
 
     # -- building a plan ------------------------------------------------------------------------

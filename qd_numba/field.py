@@ -369,9 +369,10 @@ class Field(ArrayData):
         return None if self._tree is not None else self._dev
 
     @staticmethod
-    def _hidden_i32(name: str) -> Field:
-        """A field for a sparse SNode's flags (snode.py), to be placed."""
-        return Field(dtypes.i32, None, name=name)
+    def _hidden_i32(name: str, shape=None) -> Field:
+        """A field for a sparse SNode's flags (snode.py), to be placed; with a shape, one of its own
+        (a node's list of cells)."""
+        return Field(dtypes.i32, shape, name=name)
 
     def __setitem__(self, key, value):
         super().__setitem__(key, value)

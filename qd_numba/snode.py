@@ -89,7 +89,9 @@ class SNode:
     """A node of a tree: ``kind`` is ``"root"``, ``"dense"``, ``"bitmasked"``, ``"pointer"``,
     ``"dynamic"`` or ``"place"`` (a placed field)."""
 
-    _flags = None    # a sparse node's hidden i32 field: activity flags (bitmasked, pointer) or lengths (dynamic)
+    _flags = None    # a sparse node's hidden i32 field: cell states (bitmasked, pointer) or lengths (dynamic)
+    _cells = None    # bitmasked, pointer: the flat indices of the cells listed (states 1 and 2), an i32 field
+    _count = None    # bitmasked, pointer: how many are listed, a 0-d i32 field
 
     def __init__(self, tree: Tree, kind: str, parent: SNode | None, axes_=(), sizes=(), field=None):
         self._tree, self._kind, self._parent = tree, kind, parent
@@ -151,6 +153,8 @@ class SNode:
         self._parent._children.append(holder)
         self._flags = make(f"activity of a {self._kind} SNode")
         holder.place(self._flags)
+        self._cells = make(f"active cells of a {self._kind} SNode", (int(np.prod(self.shape, dtype=np.int64)),))
+        self._count = make(f"active cell count of a {self._kind} SNode", ())
 
     def place(self, *fields, offset=None) -> SNode:
         """Place fields (or lists of fields) in this node's cells; ``offset`` shifts their indices."""
@@ -358,8 +362,19 @@ def activate_host(field, idx: tuple) -> None:
             length = node._flags[where or None]
             node._flags[where or None] = max(length, (idx[rank] % field.shape[rank]) // div % cap + 1)
         else:
-            where = tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node, field))
-            node._flags[where] = 1
+            activate_cell_host(node, tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node, field)))
+
+
+def activate_cell_host(node: SNode, where: tuple) -> None:
+    """Python scope: make the cell ``where`` of a bitmasked/pointer node active (state 1), listing
+    it if it was not (lowering/sparse.py)."""
+    state = node._flags[where]
+    if state == 0:
+        n = node._count[None]
+        node._cells[n] = int(np.ravel_multi_index(where, node.shape))
+        node._count[None] = n + 1
+    if state != 1:
+        node._flags[where] = 1
 
 
 def activate_all_host(field) -> None:
@@ -367,6 +382,9 @@ def activate_all_host(field) -> None:
     dynamic list above it full."""
     for node in sparse_ancestors(field._snode):
         node._flags._fill_plain(node._sizes[0] if node._kind == "dynamic" else 1)
+        if node._cells is not None:   # every cell listed once
+            node._cells.from_numpy(np.arange(node._cells.shape[0], dtype=np.int32))
+            node._count[None] = node._cells.shape[0]
 
 
 def active_mask_host(field):
@@ -384,7 +402,7 @@ def active_mask_host(field):
             cell = tuple(idx[r] // d for r, _, d in cell_digits(node._parent, field))
             mask &= idx[rank] // div % cap < (flags[cell] if cell else flags)
         else:
-            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] != 0
+            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] == 1
     return mask
 
 
@@ -398,6 +416,8 @@ def deactivate_all(node: SNode) -> None:
                 if below._kind == "place":
                     below._field._fill_plain(0)    # Field.fill would activate
             sparse._flags._fill_plain(0)
+            if sparse._count is not None:
+                sparse._count[None] = 0
 
 
 def _numpy_dtype(f):

@@ -28,15 +28,26 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
+
 from .. import snode as sn
 from ..errors import QuadrantsSyntaxError
 from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
-from ..lowering.sparse import store_if, zero_block
-from ..lowering.subscripts import as_index_tuple
+from ..lowering.sparse import activate_cell, deactivate_cell, store_if, unlist_block, zero_block
+from ..lowering.subscripts import as_index_tuple, index_vector
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
+
+
+def _c_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
 
 _CALLS = {sn.is_active: "is_active", sn.activate: "activate", sn.deactivate: "deactivate", sn.append: "append",
           sn.length: "length"}
@@ -55,6 +66,13 @@ def _binds(ir, stmt, index_var) -> bool:
     if isinstance(value, ir.Expr) and value.op == "exhaust_iter":
         value = value.value
     return isinstance(value, ir.Var) and value.name == index_var.name
+
+
+def _listed_node(field):
+    """The innermost bitmasked/pointer node above ``field`` (a struct-for walks its list of cells),
+    or None."""
+    nodes = [n for n in sn.sparse_ancestors(field._snode) if n._cells is not None]
+    return nodes[-1] if nodes else None
 
 
 class RewriteSparse:
@@ -160,7 +178,21 @@ class RewriteSparse:
                 end = self._binop(operator.add, pos, self._const(1))
                 self._atomic(atomic_max, node._flags, self._index(self._cell(node._parent, field, comps)), end)
             else:
-                self._store(node._flags, self._index(self._cell(node, field, comps)), self._const(1))
+                self._activate_cell(node, self._cell(node, field, comps))
+
+    def _flat(self, node, cell):
+        """The C-order flat index of the cell ``cell`` (its components) of ``node``."""
+        flat = None
+        for c, stride in zip(cell, _c_strides(node.shape)):
+            term = self._binop(operator.mul, c, self._const(stride)) if stride != 1 else c
+            flat = term if flat is None else self._binop(operator.add, flat, term)
+        return flat
+
+    def _activate_cell(self, node, cell):
+        fn = self._global(activate_cell, "$qd_activate_cell")
+        args = [self._global(node._flags), self._global(node._cells), self._global(node._count), self._index(cell),
+                self._flat(node, cell)]
+        self._assign(self.ir.Expr.call(fn, args, (), self.loc))
 
     # -- statements --------------------------------------------------------------------------------
     def _rewrite(self, stmt) -> bool:
@@ -254,18 +286,23 @@ class RewriteSparse:
         index = self._index(comps)
         if what == "is_active":
             flag = self._assign(ir.Expr.getitem(self._global(node._flags), index, self.loc))
-            self.out.append(ir.Assign(ir.Expr.binop(operator.ne, flag, self._const(0), self.loc), stmt.target,
+            self.out.append(ir.Assign(ir.Expr.binop(operator.eq, flag, self._const(1), self.loc), stmt.target,
                                       self.loc))
             return
-        self._store(node._flags, index, self._const(1 if what == "activate" else 0))
-        if what == "deactivate":
+        if what == "activate":
+            self._activate_cell(node, comps)
+        else:
+            fn = self._global(deactivate_cell, "$qd_deactivate_cell")
+            self._assign(ir.Expr.call(fn, [self._global(node._flags), index], (), self.loc))
+            listed = {id(n._flags) for n in node._walk() if n._cells is not None}
             for below in node._walk():
                 if below._kind == "place":
-                    self._zero_cell(node, below._field, comps)
+                    self._zero_cell(node, below._field, comps, id(below._field) in listed)
         self.out.append(ir.Assign(ir.Const(None, self.loc), stmt.target, self.loc))
 
-    def _zero_cell(self, node, field, cell):
-        """Zero the elements of ``field`` in the cell ``cell`` (its components) of ``node``."""
+    def _zero_cell(self, node, field, cell, listed=False):
+        """Zero the elements of ``field`` in the cell ``cell`` (its components) of ``node``; the
+        states of a nested bitmasked/pointer node (``listed``) become 2 where they were listed."""
         if field._snode._parent is node:    # one element per cell
             self._store(field, self._index(cell), self._const(0))
             return
@@ -282,7 +319,7 @@ class RewriteSparse:
                 start.append(self._const(offset[rank]))
                 size.append(n)
         starts = self._assign(self.ir.Expr.build_tuple(start, self.loc))
-        fn = self._global(zero_block, "$qd_zero_block")
+        fn = self._global(unlist_block, "$qd_unlist_block") if listed else self._global(zero_block, "$qd_zero_block")
         self._assign(self.ir.Expr.call(fn, [self._global(field), starts, self._const(tuple(size))], (), self.loc))
 
     def _append(self, node, comps, index, value):
@@ -330,21 +367,80 @@ class RewriteSparse:
             entry = blocks[shape.body_entry]
             ndim = len(field.shape)
             first = entry.body[0]
-            if not _binds(ir, first, shape.index_var):
-                # the targets are never read: bind them for the test (Offload's forms)
-                value = shape.index_var if ndim == 1 or grouped else \
-                    ir.Expr.exhaust_iter(shape.index_var, ndim, shape.loc)
-                first = ir.Assign(value, entry.scope.redefine("$qd_cell", shape.loc), shape.loc)
-                entry.body.insert(0, first)
+            binds = _binds(ir, first, shape.index_var)
             self.block, self.out, self.loc = entry, [], first.loc
-            comps = self._unpack(first.target, ndim)
+            node = _listed_node(field)
+            if node is not None:    # iterate the node's list of cells, not every element
+                comps = self._list_walk(shape, node, field, blocks[shape.preheader])
+                if binds:
+                    self.out.append(self._bind(first, comps, grouped))
+            else:
+                if not binds:
+                    # the targets are never read: bind them for the test (Offload's forms)
+                    value = shape.index_var if ndim == 1 or grouped else \
+                        ir.Expr.exhaust_iter(shape.index_var, ndim, shape.loc)
+                    first = ir.Assign(value, entry.scope.redefine("$qd_cell", shape.loc), shape.loc)
+                    entry.body.insert(0, first)
+                self.out.append(first)
+                comps = self._unpack(first.target, ndim)
             cond = self._active(field, comps)
             label = max(blocks) + 1
             blocks[label] = ir.Block(entry.scope, first.loc)
-            blocks[label].body = entry.body[1:]
-            entry.body = [first] + self.out + [ir.Branch(cond, label, shape.header, self.loc)]
+            blocks[label].body = entry.body[1 if binds or node is None else 0:]
+            entry.body = self.out + [ir.Branch(cond, label, shape.header, self.loc)]
             changed = True
         return changed
+
+    def _list_walk(self, shape, node, field, pre):
+        """Make the loop ``for t in range(count * cell_elements)`` over ``node``'s list of cells;
+        returns the element index of ``t`` (its components), computed at the top of the body."""
+        ir = self.ir
+        digits = sn.cell_digits(node, field)
+        block = list(field.shape)        # the elements of one cell of ``node``, per index rank
+        for rank, _, div in digits:
+            block[rank] = div
+        elements = int(np.prod(block, dtype=np.int64))
+        # the preheader: range(count * elements) instead of the field
+        getiter = next(k for k, st in enumerate(pre.body) if isinstance(st, ir.Assign)
+                       and isinstance(st.value, ir.Expr) and st.value.op == "getiter"
+                       and st.value.value.name == shape.iterable.name)
+        body_block, body_out = self.block, self.out
+        self.block, self.out = pre, []
+        count = self._assign(ir.Expr.getitem(self._global(node._count), self._const(None), self.loc))
+        total = self._binop(operator.mul, count, self._const(elements))
+        rng = self._assign(ir.Expr.call(self._global(range, "$qd_range"), [total], (), self.loc))
+        pre.body[getiter].value.value = rng
+        pre.body[getiter:getiter] = self.out
+        self.block, self.out = body_block, body_out
+        t = shape.index_var
+        flat = self._assign(ir.Expr.getitem(self._global(node._cells),
+                                            self._binop(operator.floordiv, t, self._const(elements)), self.loc))
+        inner = self._binop(operator.mod, t, self._const(elements)) if elements != 1 else None
+        cell = [self._unravel(flat, node.shape, k) for k in range(len(node.shape))]
+        offset = field.offset or (0,) * len(field.shape)
+        comps = [self._unravel(inner, block, r) if inner is not None else self._const(0) for r in range(len(block))]
+        for k, (rank, _, div) in enumerate(digits):
+            first = self._binop(operator.mul, cell[k], self._const(div)) if div != 1 else cell[k]
+            comps[rank] = self._binop(operator.add, first, comps[rank]) if elements != 1 else first
+        return [self._binop(operator.add, c, self._const(o)) if o else c for c, o in zip(comps, offset)]
+
+    def _unravel(self, flat, shape, k):
+        """Component ``k`` of the C-order flat index ``flat`` over ``shape``."""
+        stride = int(np.prod(shape[k + 1:], dtype=np.int64))
+        value = self._binop(operator.floordiv, flat, self._const(stride)) if stride != 1 else flat
+        return self._binop(operator.mod, value, self._const(shape[k])) if k else value
+
+    def _bind(self, first, comps, grouped):
+        """The loop targets' binding ``first``, from the element index ``comps`` instead."""
+        ir = self.ir
+        if grouped:
+            tup = self._assign(ir.Expr.build_tuple(list(comps), self.loc))
+            fn = self._global(index_vector, "$qd_index_vector")
+            return ir.Assign(ir.Expr.call(fn, [tup], (), self.loc), first.target, first.loc)
+        if len(comps) == 1:
+            return ir.Assign(comps[0], first.target, first.loc)
+        tup = self._assign(ir.Expr.build_tuple(list(comps), self.loc))
+        return ir.Assign(ir.Expr.exhaust_iter(tup, len(comps), self.loc), first.target, first.loc)
 
     def _active(self, field, comps):
         """A variable: whether every sparse node above ``field`` holds the element ``comps``."""
@@ -359,6 +455,6 @@ class RewriteSparse:
             else:
                 flag = self._assign(self.ir.Expr.getitem(self._global(node._flags),
                                                          self._index(self._cell(node, field, comps)), self.loc))
-                test = self._binop(operator.ne, flag, self._const(0))
+                test = self._binop(operator.eq, flag, self._const(1))
             cond = test if cond is None else self._binop(operator.and_, cond, test)
         return cond

@@ -103,6 +103,7 @@ class Config:
     advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
     short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
     cuda_stack_limit: int = 0           # bytes of CUDA stack per thread (0: the driver's default)
+    pointer_pool_fraction: float = 1.0  # QD_POINTER_POOL_FRACTION: a pointer SNode's pool, as a share of its cells
     quadrants_options: dict = dataclasses.field(default_factory=dict)   # accepted Quadrants options without effect
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
@@ -196,6 +197,7 @@ def config_from_env(**overrides) -> Config:
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
+        pointer_pool_fraction=env_float("QD_POINTER_POOL_FRACTION", 1.0),
     )
     cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
     cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip
@@ -223,6 +225,9 @@ def config_from_env(**overrides) -> Config:
     if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
         raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
                                    "(0: one per CPU core)")
+    fraction = cfg.pointer_pool_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise QuadrantsConfigError(f"pointer_pool_fraction={fraction!r}: expected a number in (0, 1]")
     return cfg
 
 

@@ -37,6 +37,35 @@ def _activate_cell(flags, cells, count, idx, flat):
     return impl
 
 
+def activate_block(flags, cells, count, slots, idx, flat, capacity):
+    """``activate_cell`` for a pointer node: the thread that lists the cell also gives it the
+    pool's next block (its position in the list; past ``capacity``: the spare block
+    ``capacity + 1``, and the host reports the overflow); a thread that finds the cell active
+    but its block not yet given waits for it."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(activate_block)
+def _activate_block(flags, cells, count, slots, idx, flat, capacity):
+    if not isinstance(flags, FieldType):
+        return None
+
+    def impl(flags, cells, count, slots, idx, flat, capacity):
+        if flags[idx] != 1:
+            old = element_cas(flags, idx, 0, 1)
+            if old == 0:
+                q = element_atomic(count, None, 1, "add")
+                cells[q] = flat
+                element_atomic(slots, idx, q + 1 if q < capacity else capacity + 2, "xchg")
+            elif old == 2:
+                element_cas(flags, idx, 2, 1)
+        if slots[idx] == 0:
+            while element_atomic(slots, idx, 0, "add") == 0:
+                pass
+        return 0
+    return impl
+
+
 def deactivate_cell(flags, idx):
     """Make the cell ``idx`` inactive; it stays in the node's list (state 2)."""
     raise NotImplementedError("compiled code only")

@@ -35,7 +35,8 @@ from ..errors import QuadrantsSyntaxError
 from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
-from ..lowering.sparse import activate_cell, deactivate_cell, store_if, unlist_block, zero_block
+from ..lang import ndrange as qd_ndrange
+from ..lowering.sparse import activate_block, activate_cell, deactivate_cell, store_if, unlist_block, zero_block
 from ..lowering.subscripts import as_index_tuple, index_vector
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
@@ -50,7 +51,7 @@ def _c_strides(shape) -> list[int]:
 
 
 _CALLS = {sn.is_active: "is_active", sn.activate: "activate", sn.deactivate: "deactivate", sn.append: "append",
-          sn.length: "length"}
+          sn.length: "length", sn.rescale_index: "rescale_index"}
 
 
 def _sparse_field(value):
@@ -66,6 +67,15 @@ def _binds(ir, stmt, index_var) -> bool:
     if isinstance(value, ir.Expr) and value.op == "exhaust_iter":
         value = value.value
     return isinstance(value, ir.Var) and value.name == index_var.name
+
+
+class _NodeCells:
+    """What a struct-for over a bitmasked/pointer SNode iterates: one element per cell."""
+
+    offset = None
+
+    def __init__(self, node):
+        self._snode, self.shape = node, node.shape
 
 
 def _listed_node(field):
@@ -189,9 +199,14 @@ class RewriteSparse:
         return flat
 
     def _activate_cell(self, node, cell):
-        fn = self._global(activate_cell, "$qd_activate_cell")
-        args = [self._global(node._flags), self._global(node._cells), self._global(node._count), self._index(cell),
-                self._flat(node, cell)]
+        args = [self._global(node._flags), self._global(node._cells), self._global(node._count)]
+        if node._slots is not None:
+            node._tree.materialize()    # the pool's capacity is fixed then
+            fn = self._global(activate_block, "$qd_activate_block")
+            args += [self._global(node._slots), self._index(cell), self._flat(node, cell), self._const(node._capacity)]
+        else:
+            fn = self._global(activate_cell, "$qd_activate_cell")
+            args += [self._index(cell), self._flat(node, cell)]
         self._assign(self.ir.Expr.call(fn, args, (), self.loc))
 
     # -- statements --------------------------------------------------------------------------------
@@ -202,11 +217,11 @@ class RewriteSparse:
             if not _sparse_field(field):
                 self.out.append(stmt)
                 return False
-            self.out.append(stmt)
             index = stmt.index if isinstance(stmt, ir.SetItem) else stmt.index_var
             if index is None:
                 index = self._const(stmt.index)
-            self._activate_for(field, index)
+            self._activate_for(field, index)    # first: below a pointer node, the store needs the block
+            self.out.append(stmt)
             return True
         if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "call"):
             self.out.append(stmt)
@@ -214,14 +229,15 @@ class RewriteSparse:
         expr = stmt.value
         fn = try_static(self.state, expr.func)
         if fn in ATOMIC_FUNCTIONS and expr.args:
-            self.out.append(stmt)
             d = self.state.definition(expr.args[0])
             if isinstance(d, ir.Expr) and d.op in ("getitem", "static_getitem"):
                 field = try_static(self.state, d.value)
                 if _sparse_field(field):
                     index = d.index if d.op == "getitem" else (d.index_var or self._const(d.index))
                     self._activate_for(field, index)
+                    self.out.append(stmt)
                     return True
+            self.out.append(stmt)
             return False
         if fn not in _CALLS:
             self.out.append(stmt)
@@ -230,29 +246,45 @@ class RewriteSparse:
         self._sparse_call(what, stmt, expr)
         return True
 
-    def _static_parent(self, var):
-        """``x.parent(n)`` / ``node.parent(n)`` of a compile-time field or SNode, evaluated now."""
+    def _static_snode(self, var):
+        """A field or SNode that ``var`` holds at compile time, through ``.snode`` and ``.parent(n)``
+        of one (``x.snode.parent(2)``, ``x.parent().parent()``), or MISSING; the calls met become
+        the SNode they give (a compile-time global)."""
         ir = self.ir
+        value = try_static(self.state, var)
+        if value is not MISSING:
+            return value
         d = self.state.definition(var)
-        if not (isinstance(d, ir.Expr) and d.op == "call" and not d.kws):
+        if isinstance(d, ir.Expr) and d.op == "getattr" and d.attr == "snode":
+            owner = self._static_snode(d.value)
+            node = owner.snode if isinstance(owner, Field) else MISSING
+        elif isinstance(d, ir.Expr) and d.op == "call" and not d.kws:
+            f, method = self.state.definition(d.func), try_static(self.state, d.func)
+            if isinstance(f, ir.Expr) and f.op == "getattr" and f.attr == "parent":
+                owner = self._static_snode(f.value)
+            elif getattr(method, "__name__", None) == "parent":    # a bound method, folded
+                owner = getattr(method, "__self__", None)
+            else:
+                return MISSING
+            args = [try_static(self.state, a) for a in d.args]
+            if not isinstance(owner, (Field, sn.SNode)) or MISSING in args:
+                return MISSING
+            node = owner.parent(*args)
+        else:
             return MISSING
-        f = self.state.definition(d.func)
-        if not (isinstance(f, ir.Expr) and f.op == "getattr" and f.attr == "parent"):
-            return MISSING
-        owner = try_static(self.state, f.value)
-        args = [try_static(self.state, a) for a in d.args]
-        if not isinstance(owner, (Field, sn.SNode)) or MISSING in args:
-            return MISSING
-        node = owner.parent(*args)
-        for stmt in self.out:   # the call becomes the node (a compile-time global)
-            if isinstance(stmt, ir.Assign) and stmt.target.name == var.name:
-                stmt.value = ir.Global("snode", node, stmt.loc)
+        if node is not MISSING:
+            self._replace_value(var, ir.Global("snode", node, self.loc))
         return node
 
+    def _replace_value(self, var, value):
+        for block in [self.out] + [b.body for b in self.state.func_ir.blocks.values()]:
+            for stmt in block:
+                if isinstance(stmt, self.ir.Assign) and stmt.target.name == var.name:
+                    stmt.value = value
+                    return
+
     def _node(self, what, var):
-        value = try_static(self.state, var)
-        if value is MISSING:
-            value = self._static_parent(var)
+        value = self._static_snode(var)
         if isinstance(value, Field) and value._snode is not None:
             value = value._snode._parent
         kinds = ("dynamic",) if what in ("append", "length") else ("bitmasked", "pointer")
@@ -265,8 +297,33 @@ class RewriteSparse:
                                    self.loc)
         return value
 
+    def _rescale(self, stmt, expr):
+        """``qd.rescale_index(a, b, I)``, from the shapes of ``a`` and ``b`` (compile-time)."""
+        ir = self.ir
+        if len(expr.args) != 3 or expr.kws:
+            raise self.state.error(QuadrantsSyntaxError, "qd.rescale_index() takes 3 arguments", self.loc)
+        a, b = (self._static_snode(v) for v in expr.args[:2])
+        for v in (a, b):
+            if not isinstance(v, (Field, sn.SNode)) or v.shape is None:
+                raise self.state.error(QuadrantsSyntaxError, "qd.rescale_index(a, b, I): a and b must be fields "
+                                       f"or SNodes known at compile time, got {v!r}", self.loc)
+        d = self.state.definition(expr.args[2])
+        n = len(d.items) if isinstance(d, ir.Expr) and d.op in ("build_tuple", "build_list") else len(a.shape)
+        comps = self._components(expr.args[2], n)
+        for k in range(min(n, len(a.shape), len(b.shape))):
+            if a.shape[k] > b.shape[k]:
+                comps[k] = self._binop(operator.floordiv, comps[k], self._const(a.shape[k] // b.shape[k]))
+            elif a.shape[k] < b.shape[k]:
+                comps[k] = self._binop(operator.mul, comps[k], self._const(b.shape[k] // a.shape[k]))
+        tup = self._assign(ir.Expr.build_tuple(comps, self.loc))
+        fn = self._global(index_vector, "$qd_index_vector")
+        self.out.append(ir.Assign(ir.Expr.call(fn, [tup], (), self.loc), stmt.target, self.loc))
+
     def _sparse_call(self, what, stmt, expr):
         ir = self.ir
+        if what == "rescale_index":
+            self._rescale(stmt, expr)
+            return
         want = 3 if what == "append" else 2
         if len(expr.args) != want or expr.kws:
             raise self.state.error(QuadrantsSyntaxError, f"qd.{what}() takes {want} arguments", self.loc)
@@ -346,8 +403,10 @@ class RewriteSparse:
     # -- struct-fors -------------------------------------------------------------------------------
     def _filter_struct_fors(self) -> bool:
         state, ir = self.state, self.ir
-        if not any(_sparse_field(f) for f in state.hidden):
-            return False    # no field below a sparse node: no struct-for to filter
+        if not any(_sparse_field(f) for f in state.hidden) and not any(
+                isinstance(st, ir.Assign) and isinstance(st.value, ir.Global) and isinstance(st.value.value, sn.SNode)
+                for block in state.func_ir.blocks.values() for st in block.body):
+            return False    # no field below a sparse node and no SNode: no struct-for to rewrite
         bypass_jump_only_headers(state)
         analysis = state.tools.analysis
         blocks = state.func_ir.blocks
@@ -361,8 +420,14 @@ class RewriteSparse:
             d = state.definition(iterable)
             if isinstance(d, ir.Expr) and d.op == "call" and try_static(state, d.func) is qd_grouped and d.args:
                 iterable, grouped = d.args[0], True
-            field = try_static(state, iterable)
-            if not _sparse_field(field):
+            self.out, self.loc = [], shape.loc
+            field = self._static_snode(iterable)
+            if isinstance(field, sn.SNode):
+                field = self._snode_loop(shape, field, iterable, grouped)
+                changed = True
+                if field is None:
+                    continue
+            elif not _sparse_field(field):
                 continue
             entry = blocks[shape.body_entry]
             ndim = len(field.shape)
@@ -390,6 +455,32 @@ class RewriteSparse:
             entry.body = self.out + [ir.Branch(cond, label, shape.header, self.loc)]
             changed = True
         return changed
+
+    def _snode_loop(self, shape, node, iterable, grouped):
+        """A struct-for over an SNode visits its cells: over a dense node, the loop becomes one over
+        ``qd.ndrange(*node.shape)`` (None returned); over a bitmasked/pointer node, a stand-in for a
+        field of one element per cell is returned (its active cells are walked, as a field's)."""
+        ir = self.ir
+        if node._kind in ("bitmasked", "pointer"):
+            if node._flags is None:
+                raise self.state.error(QuadrantsSyntaxError, f"a struct-for over {node!r}: no field is placed "
+                                       "under it", shape.loc)
+            return _NodeCells(node)
+        if node._kind != "dense":
+            raise self.state.error(QuadrantsSyntaxError, f"a struct-for over {node!r} is not supported (iterate a "
+                                   "field placed under it, or a dense, bitmasked or pointer SNode)", shape.loc)
+        pre = self.state.func_ir.blocks[shape.preheader]
+        self.block, self.out, self.loc = pre, [], shape.loc
+        dims = [self._const(n) for n in node.shape]
+        space = self._assign(ir.Expr.call(self._global(qd_ndrange, "$qd_ndrange"), dims, (), self.loc))
+        pre.body[:0] = self.out
+        if grouped:
+            self.state.definition(shape.iterable).args[0] = space
+        else:
+            getiter = next(st for st in pre.body if isinstance(st, ir.Assign) and isinstance(st.value, ir.Expr)
+                           and st.value.op == "getiter" and st.value.value.name == iterable.name)
+            getiter.value.value = space
+        return None
 
     def _list_walk(self, shape, node, field, pre):
         """Make the loop ``for t in range(count * cell_elements)`` over ``node``'s list of cells;

@@ -7,7 +7,7 @@ one store each. Printed side by side, per share:
 
 * bytes: a dense field; the bitmasked tree (dense storage plus a state per block); the pointer tree
   (``qd.init(pointer_pool_fraction=2 * share)``: slots and states per block plus the pool), and of
-  that pool the bytes of the blocks in use (by the node's counter of listed blocks);
+  that pool the bytes of the blocks in use (by the allocator's counter, ``blocks_in_use``);
 * the time of one struct-for ``x[i, j] += 1`` over each (ms, best of 5 x ``--reps``), and its
   ratio to the dense loop.
 """
@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import qd_numba as qd
+from qd_numba.snode import blocks_in_use
 
 
 def _timed(fn, reps):
@@ -70,8 +71,8 @@ def measure(arch, n, block, share, reps, seed=0):
         out[f"{kind}_ms"] = _timed(step, reps)
         out[f"{kind}_bytes"] = int(x._tree.base.nbytes)
         if kind == "pointer":
-            out["pointer_blocks_in_use"] = int(node._count[None])
-            out["pointer_bytes_in_use"] = int(node._count[None]) * block * block * 4
+            out["pointer_blocks_in_use"] = blocks_in_use(node)
+            out["pointer_bytes_in_use"] = blocks_in_use(node) * block * block * 4
     return out
 
 

@@ -33,7 +33,10 @@ node of the same shape), and a list of the cells activated since its last ``deac
 has the same, plus an i32 slot per cell (1 + its block, 0: none); its cells are not stored in
 its parent but as blocks of a pool after the tree's dense part (``capacity + 2`` blocks: the
 always-zero block for cells without one, and a spare for overflow); its fields are views of the
-pool (``PoolLayout``). A ``dynamic`` node is stored at its capacity, with a hidden i32 length per
+pool (``PoolLayout``). Free blocks are kept in a ring (``_ring``, ``_heads``): activation takes
+one, deactivation of the cell gives it back. A bitmasked node below a pointer node keeps its
+states in the pointer's blocks and has no list (struct-fors walk the pointer's list). A
+``dynamic`` node is stored at its capacity, with a hidden i32 length per
 cell of its parent. The first field placed below a sparse node places these. Kernels keep them
 up to date (passes/sparse.py: stores activate, struct-fors walk the list); a python-scope store
 activates too (``activate_host``). Deactivation zero-fills the cells' data, so an inactive cell
@@ -98,6 +101,9 @@ class SNode:
     _cells = None    # bitmasked, pointer: the flat indices of the cells listed (states 1 and 2), an i32 field
     _count = None    # bitmasked, pointer: how many are listed, a 0-d i32 field
     _slots = None    # pointer: per cell, 1 + the index of its block in the pool (0: none), an i32 field
+    _ring = None     # pointer: the ring of free blocks of its pool, an i32 field (made when the tree is)
+    _make = None     # pointer: how its hidden fields are made (the ring is made with the tree)
+    _heads = None    # pointer: the ring's positions (taken, given back) and the count of failed takes
     _capacity = 0    # pointer: blocks in its pool (set when the tree is materialised)
 
     def __init__(self, tree: Tree, kind: str, parent: SNode | None, axes_=(), sizes=(), field=None):
@@ -167,6 +173,10 @@ class SNode:
         if self._kind == "pointer":
             self._slots = make("blocks of a pointer SNode")
             holder.place(self._slots)
+            self._heads = make("ring positions of a pointer SNode", (3,))
+            self._make = make
+        if any(n._kind == "pointer" for n in sparse_ancestors(self._parent)):
+            return    # its states live in the pointer's blocks: struct-fors walk the pointer's list
         self._cells = make(f"active cells of a {self._kind} SNode", (int(np.prod(self.shape, dtype=np.int64)),))
         self._count = make(f"active cell count of a {self._kind} SNode", ())
 
@@ -281,8 +291,9 @@ class Tree:
         size, _ = _cell_size(self.root)
         pools = {}     # pointer node -> byte offset of its pool (after the tree's dense part)
         for node in self.root._walk():
-            if node._kind == "pointer":
+            if node._kind == "pointer" and node._slots is not None:
                 node._capacity = pool_capacity(node)
+                node._ring = node._make("free blocks of a pointer SNode", (node._capacity,))
                 size = -(-size // 16) * 16
                 pools[node] = size
                 size += (node._capacity + 2) * _cell_size(node)[0]
@@ -312,6 +323,8 @@ class Tree:
             pointer = next((n for n in sparse_ancestors(node) if n._kind == "pointer"), None)
             if pointer is not None:
                 self._place_pooled(node, pointer, offset)
+        for node in pools:
+            reset_pool(node)
 
     def _place_pooled(self, node: SNode, pointer: SNode, offset: int) -> None:
         """The view of a field below a pointer node: (blocks, levels below the node..., element),
@@ -466,15 +479,43 @@ def activate_cell_host(node: SNode, where: tuple) -> None:
     """Python scope: make the cell ``where`` of a bitmasked/pointer node active (state 1), listing
     it if it was not, and giving it a block of the pool (pointer; lowering/sparse.py)."""
     state = node._flags[where]
-    if state == 0:
+    if state == 0 and node._cells is not None:
         n = node._count[None]
         node._cells[n] = int(np.ravel_multi_index(where, node.shape))
         node._count[None] = n + 1
-        if node._slots is not None:
-            node._slots[where] = n + 1 if n < node._capacity else node._capacity + 2
-            check_pool(node)
+    if state != 1 and node._slots is not None and node._slots[where] == 0:
+        node._slots[where] = int(take_blocks_host(node, 1)[0]) + 1
+        check_pool(node)
     if state != 1:
         node._flags[where] = 1
+
+
+def take_blocks_host(node: SNode, n: int) -> np.ndarray:
+    """Python scope: ``n`` blocks of a pointer node's pool from its ring of free blocks (as
+    lowering/sparse.take_block; past the free ones: the spare block, counted as failed)."""
+    heads, ring = node._heads.to_numpy(), node._ring.to_numpy()
+    free = max(0, min(n, int(heads[1] - heads[0])))
+    at = (heads[0] + np.arange(free)) % node._capacity
+    blocks = np.concatenate([ring[at], np.full(n - free, node._capacity + 1, np.int32)]).astype(np.int32)
+    ring[at] = -1
+    heads[0] += n
+    heads[2] += n - free
+    node._ring.from_numpy(ring)
+    node._heads.from_numpy(heads)
+    return blocks
+
+
+def reset_pool(node: SNode) -> None:
+    """Every block of a pointer node's pool free: the ring holds them all, none taken."""
+    node._ring.from_numpy(np.arange(node._capacity, dtype=np.int32))
+    node._heads.from_numpy(np.array([0, node._capacity, 0], np.int32))
+
+
+def blocks_in_use(node: SNode) -> int:
+    """The blocks of a pointer node's pool held by its cells (the allocator's counter: taken less
+    given back)."""
+    heads = node._heads.to_numpy()
+    return int(node._capacity - (heads[1] - heads[0]) + heads[2])
 
 
 def _activate_all_cells(node: SNode) -> None:
@@ -482,32 +523,34 @@ def _activate_all_cells(node: SNode) -> None:
     (and given blocks) after the others, whose blocks keep their data."""
     flags = node._flags.to_numpy().reshape(-1)
     new = np.flatnonzero(flags == 0).astype(np.int32)
-    if len(new):
+    if len(new) and node._cells is not None:
         n = node._count[None]
         cells = node._cells.to_numpy()
         cells[n:n + len(new)] = new
         node._cells.from_numpy(cells)
         node._count[None] = n + len(new)
-        if node._slots is not None:
-            slots = node._slots.to_numpy().reshape(-1)
-            q = np.arange(n, n + len(new))
-            slots[new] = np.where(q < node._capacity, q + 1, node._capacity + 2)
+    if node._slots is not None:
+        slots = node._slots.to_numpy().reshape(-1)
+        need = np.flatnonzero(slots == 0)
+        if len(need):
+            slots[need] = take_blocks_host(node, len(need)) + 1
             node._slots._from_numpy_plain(slots.reshape(node.shape))
             check_pool(node)
     node._flags._fill_plain(1)
 
 
 def check_pool(node: SNode) -> None:
-    """A ``QuadrantsRuntimeError`` when more cells of a pointer node were activated (since its last
-    ``deactivate_all``) than its pool has blocks."""
-    count = node._count[None]
-    if count > node._capacity:
+    """A ``QuadrantsRuntimeError`` when cells of a pointer node were activated while its pool had no
+    free block (since its last ``deactivate_all``)."""
+    failed = int(node._heads[2])
+    if failed:
+        count = blocks_in_use(node)
         hidden = ("activity of", "blocks of", "length of")
         names = ", ".join(_field_label(p._field) for p in node._walk()
                           if p._kind == "place" and not (p._field.name or "").startswith(hidden))
         raise QuadrantsRuntimeError(
-            f"the pool of {node!r} ({names}) is full: {count} of its cells were activated since its last "
-            f"deactivate_all(), it has {node._capacity} blocks; raise qd.init(pointer_pool_fraction=...) "
+            f"the pool of {node!r} ({names}) is full: {count} of its cells needed a block at once since its "
+            f"last deactivate_all(), it has {node._capacity} blocks; raise qd.init(pointer_pool_fraction=...) "
             f"(now {config.current.pointer_pool_fraction}) or deactivate_all() it more often")
 
 
@@ -515,7 +558,7 @@ def activate_all_host(field) -> None:
     """After python scope wrote every element of ``field``: every cell above it is active, every
     dynamic list above it full."""
     for node in sparse_ancestors(field._snode):
-        if node._cells is not None:
+        if node._kind != "dynamic":
             _activate_all_cells(node)
         else:
             node._flags._fill_plain(node._sizes[0])
@@ -610,6 +653,7 @@ def deactivate_all(node: SNode) -> None:
                 sparse._count[None] = 0
             if sparse._slots is not None:
                 sparse._slots._fill_plain(0)
+                reset_pool(sparse)
 
 
 def _numpy_dtype(f):

@@ -636,6 +636,7 @@ def test_pointer_memory_is_proportional_to_active_blocks(rng):
     # counter); the tree's bytes are the dense part (slots, states) plus the pool, far below a dense
     # grid; activating more blocks than the pool has is an error naming the field
     from qd_numba import config
+    from qd_numba.snode import blocks_in_use
 
     arch = config.current.arch
     qd.init(arch=arch, pointer_pool_fraction=0.1)
@@ -666,6 +667,7 @@ def test_pointer_memory_is_proportional_to_active_blocks(rng):
         np.testing.assert_allclose(x.to_numpy(), expect, rtol=1e-6)
         np.testing.assert_allclose(total[None], expect.sum(), rtol=1e-5)
         assert node._count[None] == 8 and node._capacity == 26
+        assert blocks_in_use(node) == 8                  # the allocator's counter
         block_bytes = 8 * 8 * 4
         assert x._arr.shape[0] == 26 + 2
         dense_part = 16 * 16 * 4 * 2                    # a state and a slot per cell
@@ -747,3 +749,116 @@ def test_pointer_python_scope_in_a_blocked_layout_with_offset(rng):
     assert node._count[None] == 12 and y[0 - 5, 7 + 3][1] == ys[0, 7, 1]
     node.deactivate_all()
     assert not x.to_numpy().any() and not y.to_numpy().any() and node._count[None] == 0
+
+
+def _moving_blocks(rng, arch, cells, block, fraction, rounds, per_round, threads):
+    """Rounds of one launch that deactivates the blocks of the last round and stores into new
+    ones (disjoint, random), on a pointer grid whose pool holds ``fraction`` of its cells: the
+    blocks given back are taken again (more blocks are activated in all than the pool has)."""
+    from qd_numba.snode import blocks_in_use
+
+    qd.init(arch=arch, pointer_pool_fraction=fraction)
+    try:
+        n = cells * block
+        x = qd.field(qd.f32, name="moving")
+        node = qd.root.pointer(qd.ij, cells)
+        node.dense(qd.ij, block).place(x)
+        total = qd.field(qd.f32, shape=())
+
+        @qd.kernel
+        def step(off: qd.types.ndarray(), pts: qd.types.ndarray(), vals: qd.types.ndarray()):
+            for k in range(off.shape[0] + pts.shape[0]):
+                if k < off.shape[0]:
+                    qd.deactivate(node, [off[k, 0], off[k, 1]])
+                else:
+                    p = k - off.shape[0]
+                    qd.atomic_add(x[pts[p, 0], pts[p, 1]], vals[p])
+
+        @qd.kernel
+        def add_up():
+            for i, j in x:
+                total[None] += x[i, j]
+
+        expect = np.zeros((n, n), np.float32)
+        live = np.zeros(0, np.int64)
+        taken = 0
+        for _ in range(rounds):
+            new = rng.choice(np.setdiff1d(np.arange(cells * cells), live), per_round, replace=False)
+            which = rng.integers(0, per_round, threads)
+            pts = np.stack([new[which] // cells * block + rng.integers(0, block, threads),
+                            new[which] % cells * block + rng.integers(0, block, threads)], -1).astype(np.int32)
+            vals = rng.integers(1, 4, threads).astype(np.float32)
+            off = np.stack([live // cells, live % cells], -1).astype(np.int32).reshape(-1, 2)
+            step(off, pts, vals)
+            for c in live:
+                expect[c // cells * block:(c // cells + 1) * block, c % cells * block:(c % cells + 1) * block] = 0
+            np.add.at(expect, (pts[:, 0], pts[:, 1]), vals)
+            live, taken = new, taken + per_round
+            np.testing.assert_array_equal(x.to_numpy(), expect)
+            assert blocks_in_use(node) == per_round
+        assert taken > node._capacity
+        total[None] = 0.0
+        add_up()
+        assert total[None] == expect.sum()
+        slots = node._slots.to_numpy()
+        assert sorted(slots[slots > 0]) == sorted(set(slots[slots > 0])) and (slots > 0).sum() == per_round
+    finally:
+        qd.init(arch=arch)
+
+
+def test_pointer_blocks_are_given_back_on_deactivate(rng):
+    # a pool of 16 blocks; 7 rounds each deactivate the last 6 blocks and activate 6 new ones in
+    # the same launch (42 blocks activated in all): in use is always 6, values as numpy's
+    _moving_blocks(rng, "cpu", 8, 4, 0.25, 7, 6, 300)
+
+
+@pytest.mark.cuda
+def test_pointer_blocks_are_given_back_under_many_gpu_threads(rng):
+    # the same on the GPU: 100000 threads per launch store into 200 blocks while 200 others are
+    # deactivated; a pool of 410 blocks of 4096 (the ring's takes and gives race)
+    _moving_blocks(rng, "cuda", 64, 8, 0.1, 12, 200, 100000)
+
+
+def test_bitmasked_below_a_pointer_uses_the_pointer_list(rng):
+    # a bitmasked node below a pointer node: its states live in the pointer's blocks; deactivating
+    # a pointer cell gives its block back with the states cleared, so a block taken again by
+    # another cell starts with every inner cell inactive
+    from qd_numba.snode import blocks_in_use
+
+    x = qd.field(qd.i32)
+    outer = qd.root.pointer(qd.i, N // B)
+    inner = outer.bitmasked(qd.i, B)
+    inner.place(x)
+    visits = qd.field(qd.i32, shape=N)
+
+    @qd.kernel
+    def write(on: qd.types.ndarray()):
+        for i in range(N):
+            if on[i]:
+                x[i] = i + 1
+
+    @qd.kernel
+    def drop(off: qd.types.ndarray()):
+        for b in range(N // B):
+            if off[b]:
+                qd.deactivate(outer, b)
+
+    @qd.kernel
+    def visit():
+        for i in x:
+            visits[i] += 1
+
+    alive = np.zeros(N, bool)
+    for _ in range(4):
+        on = rng.random(N) < 0.3
+        write(on.astype(np.int32))
+        alive |= on
+        off = rng.random(N // B) < 0.5
+        drop(off.astype(np.int32))
+        alive &= ~np.repeat(off, B)
+    assert inner._cells is None
+    visits.fill(0)
+    visit()
+    np.testing.assert_array_equal(visits.to_numpy(), alive.astype(np.int32))
+    np.testing.assert_array_equal(x.to_numpy(), (np.arange(N) + 1) * alive)
+    assert blocks_in_use(outer) == alive.reshape(-1, B).any(axis=1).sum()

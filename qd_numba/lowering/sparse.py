@@ -3,12 +3,15 @@
 A bitmasked or pointer node's cell state (snode.py) is 0 (inactive, not listed), 1 (active,
 listed) or 2 (inactive, still listed): the list of a node's cells that were active since its last
 ``deactivate_all`` grows by one atomic append per 0 -> 1 change, so struct-fors walk that list
-instead of every cell.
+instead of every cell. A pointer node's blocks come from a ring of free blocks and go back to it
+when a cell is deactivated (``take_block``, ``free_block``).
 """
 
 from __future__ import annotations
 
-from numba.extending import overload
+from llvmlite import ir as llir
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
 
 from ..typing.field import FieldType
 from .atomic_cas import element_cas
@@ -37,31 +40,115 @@ def _activate_cell(flags, cells, count, idx, flat):
     return impl
 
 
-def activate_block(flags, cells, count, slots, idx, flat, capacity):
-    """``activate_cell`` for a pointer node: the thread that lists the cell also gives it the
-    pool's next block (its position in the list; past ``capacity``: the spare block
-    ``capacity + 1``, and the host reports the overflow); a thread that finds the cell active
-    but its block not yet given waits for it."""
+@intrinsic
+def memory_fence(typingctx):
+    """Order this thread's memory accesses before and after it for every thread of the launch
+    (a block given back is zeroed before another thread may take it and write it)."""
+    def codegen(context, builder, sig, args):
+        from .device import is_cuda_context
+
+        if is_cuda_context(context):
+            fn = cgutils.get_or_insert_function(builder.module, llir.FunctionType(llir.VoidType(), []),
+                                                "llvm.nvvm.membar.gl")
+            builder.call(fn, [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+def activate_block(flags, cells, count, slots, ring, heads, idx, flat, capacity):
+    """``activate_cell`` for a pointer node: the thread that makes the cell active gives it a block
+    of the pool (``take_block``) unless it kept one; a thread that finds the cell active but its
+    block not yet given waits for it."""
     raise NotImplementedError("compiled code only")
 
 
 @overload(activate_block)
-def _activate_block(flags, cells, count, slots, idx, flat, capacity):
+def _activate_block(flags, cells, count, slots, ring, heads, idx, flat, capacity):
     if not isinstance(flags, FieldType):
         return None
 
-    def impl(flags, cells, count, slots, idx, flat, capacity):
+    def impl(flags, cells, count, slots, ring, heads, idx, flat, capacity):
         if flags[idx] != 1:
             old = element_cas(flags, idx, 0, 1)
-            if old == 0:
-                q = element_atomic(count, None, 1, "add")
-                cells[q] = flat
-                element_atomic(slots, idx, q + 1 if q < capacity else capacity + 2, "xchg")
+            take = old == 0
+            if take:
+                cells[element_atomic(count, None, 1, "add")] = flat
             elif old == 2:
-                element_cas(flags, idx, 2, 1)
+                take = element_cas(flags, idx, 2, 1) == 2
+            if take and slots[idx] == 0:    # (a cell made inactive through a parent keeps its block)
+                element_atomic(slots, idx, take_block(ring, heads, capacity) + 1, "xchg")
         if slots[idx] == 0:
             while element_atomic(slots, idx, 0, "add") == 0:
                 pass
+        return 0
+    return impl
+
+
+def take_block(ring, heads, capacity):
+    """A free block of a pointer node's pool: the ring ``ring`` of free blocks is read at
+    ``heads[0]`` (taken, atomically) while below ``heads[1]`` (given back); a position given back
+    but not yet written (-1) is waited for. None left: the spare block ``capacity + 1``, counted
+    in ``heads[2]`` (the host reports the overflow)."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(take_block)
+def _take_block(ring, heads, capacity):
+    if not isinstance(ring, FieldType):
+        return None
+
+    def impl(ring, heads, capacity):
+        h = element_atomic(heads, 0, 1, "add")
+        if h >= element_atomic(heads, 1, 0, "add"):
+            element_atomic(heads, 2, 1, "add")
+            return capacity + 1
+        k = h % capacity
+        block = element_atomic(ring, k, -1, "xchg")
+        while block == -1:
+            block = element_atomic(ring, k, -1, "xchg")
+        memory_fence()
+        return block
+    return impl
+
+
+def free_block(flags, slots, ring, heads, idx, capacity):
+    """Make the cell ``idx`` of a pointer node inactive (state 2: it stays listed) and give its
+    block back to the ring (its data was zeroed first): the next activation of any cell may take it."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(free_block)
+def _free_block(flags, slots, ring, heads, idx, capacity):
+    if not isinstance(flags, FieldType):
+        return None
+
+    def impl(flags, slots, ring, heads, idx, capacity):
+        if element_cas(flags, idx, 1, 2) == 1:
+            slot = element_atomic(slots, idx, 0, "xchg")
+            if 0 < slot <= capacity:
+                memory_fence()
+                t = element_atomic(heads, 1, 1, "add")
+                element_atomic(ring, t % capacity, slot - 1, "xchg")
+        return 0
+    return impl
+
+
+def set_flag(flags, idx, value):
+    """A cell of a bitmasked node below a pointer node (its states live in the pointer's block
+    and it has no list of its own): state ``value`` (1 active, 0 not)."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(set_flag)
+def _set_flag(flags, idx, value):
+    if not isinstance(flags, FieldType):
+        return None
+
+    def impl(flags, idx, value):
+        if flags[idx] != value:
+            flags[idx] = value
         return 0
     return impl
 

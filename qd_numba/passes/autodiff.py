@@ -68,7 +68,8 @@ _FLOAT_CASTS = (builtins.float, np.float32, np.float64)
 _NO_GRADIENT = {builtins.int, builtins.bool, builtins.len, builtins.range, ad_helpers.stop_grad,
                 spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
                 spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple,
-                sparse_helpers.activate_cell, sparse_helpers.activate_block, sparse_helpers.deactivate_cell}
+                sparse_helpers.activate_cell, sparse_helpers.activate_block, sparse_helpers.deactivate_cell,
+                sparse_helpers.free_block, sparse_helpers.set_flag}
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
 _ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
 _ARRAY_STORES = (array_access.array_store, array_access.checked_array_store)

@@ -10,8 +10,9 @@ axis, snode.cell_digits). For a field ``x`` placed below sparse nodes:
                                  dynamic node: ``qd.atomic_max(F[cell(I)], pos(I) + 1)``
 ``qd.atomic_op(x[I], V)``        the same activation after the atomic
 ``qd.activate(n, I)``            ``F[I] = 1``
-``qd.deactivate(n, I)``          ``F[I] = 0``; each field below n zeroed in the cell (``x[I] = 0``, or
-                                 lowering/sparse.zero_block over the cell's block of elements)
+``qd.deactivate(n, I)``          each field below n zeroed in the cell (``x[I] = 0``, or
+                                 lowering/sparse.zero_block over the cell's block of elements), then
+                                 ``F[I] = 2`` (a pointer node's block given back: free_block)
 ``qd.is_active(n, I)``           ``F[I] != 0``
 ``qd.append(n, I, V)``           ``p = qd.atomic_add(F[I], 1); x[I with p on n's axis] = V`` if ``p`` is
                                  below the capacity (lowering/sparse.store_if); value p
@@ -36,7 +37,16 @@ from ..field import Field
 from ..lang import ATOMIC_FUNCTIONS, atomic_add, atomic_max
 from ..lang import grouped as qd_grouped
 from ..lang import ndrange as qd_ndrange
-from ..lowering.sparse import activate_block, activate_cell, deactivate_cell, store_if, unlist_block, zero_block
+from ..lowering.sparse import (
+    activate_block,
+    activate_cell,
+    deactivate_cell,
+    free_block,
+    set_flag,
+    store_if,
+    unlist_block,
+    zero_block,
+)
 from ..lowering.subscripts import as_index_tuple, index_vector
 from .base import MISSING, hidden_argument, try_static
 from .fold_static import bypass_jump_only_headers, loop_shape
@@ -199,11 +209,17 @@ class RewriteSparse:
         return flat
 
     def _activate_cell(self, node, cell):
+        if node._cells is None:    # below a pointer node: no list
+            fn = self._global(set_flag, "$qd_set_flag")
+            self._assign(self.ir.Expr.call(fn, [self._global(node._flags), self._index(cell), self._const(1)], (),
+                                           self.loc))
+            return
         args = [self._global(node._flags), self._global(node._cells), self._global(node._count)]
         if node._slots is not None:
-            node._tree.materialize()    # the pool's capacity is fixed then
+            node._tree.materialize()    # the pool's capacity and ring are fixed then
             fn = self._global(activate_block, "$qd_activate_block")
-            args += [self._global(node._slots), self._index(cell), self._flat(node, cell), self._const(node._capacity)]
+            args += [self._global(node._slots), self._global(node._ring), self._global(node._heads),
+                     self._index(cell), self._flat(node, cell), self._const(node._capacity)]
         else:
             fn = self._global(activate_cell, "$qd_activate_cell")
             args += [self._index(cell), self._flat(node, cell)]
@@ -348,13 +364,23 @@ class RewriteSparse:
             return
         if what == "activate":
             self._activate_cell(node, comps)
-        else:
-            fn = self._global(deactivate_cell, "$qd_deactivate_cell")
-            self._assign(ir.Expr.call(fn, [self._global(node._flags), index], (), self.loc))
+        else:    # the data first: a pointer cell's block is given back after
             listed = {id(n._flags) for n in node._walk() if n._cells is not None}
             for below in node._walk():
                 if below._kind == "place":
                     self._zero_cell(node, below._field, comps, id(below._field) in listed)
+            if node._slots is not None:
+                node._tree.materialize()
+                fn = self._global(free_block, "$qd_free_block")
+                args = [self._global(node._flags), self._global(node._slots), self._global(node._ring),
+                        self._global(node._heads), index, self._const(node._capacity)]
+            elif node._cells is None:
+                fn = self._global(set_flag, "$qd_set_flag")
+                args = [self._global(node._flags), index, self._const(0)]
+            else:
+                fn = self._global(deactivate_cell, "$qd_deactivate_cell")
+                args = [self._global(node._flags), index]
+            self._assign(ir.Expr.call(fn, args, (), self.loc))
         self.out.append(ir.Assign(ir.Const(None, self.loc), stmt.target, self.loc))
 
     def _zero_cell(self, node, field, cell, listed=False):

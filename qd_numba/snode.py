@@ -513,9 +513,9 @@ def reset_pool(node: SNode) -> None:
 
 def blocks_in_use(node: SNode) -> int:
     """The blocks of a pointer node's pool held by its cells (the allocator's counter: taken less
-    given back)."""
+    given back, less the takes that found none)."""
     heads = node._heads.to_numpy()
-    return int(node._capacity - (heads[1] - heads[0]) + heads[2])
+    return int(node._capacity - (heads[1] - heads[0]) - heads[2])
 
 
 def _activate_all_cells(node: SNode) -> None:
@@ -544,14 +544,14 @@ def check_pool(node: SNode) -> None:
     free block (since its last ``deactivate_all``)."""
     failed = int(node._heads[2])
     if failed:
-        count = blocks_in_use(node)
         hidden = ("activity of", "blocks of", "length of")
         names = ", ".join(_field_label(p._field) for p in node._walk()
                           if p._kind == "place" and not (p._field.name or "").startswith(hidden))
         raise QuadrantsRuntimeError(
-            f"the pool of {node!r} ({names}) is full: {count} of its cells needed a block at once since its "
-            f"last deactivate_all(), it has {node._capacity} blocks; raise qd.init(pointer_pool_fraction=...) "
-            f"(now {config.current.pointer_pool_fraction}) or deactivate_all() it more often")
+            f"the pool of {node!r} ({names}) is full: {failed} activation(s) found none of its "
+            f"{node._capacity} blocks free (since its last deactivate_all(), which empties it); raise "
+            f"qd.init(pointer_pool_fraction=...) (now {config.current.pointer_pool_fraction}), deactivate cells "
+            "sooner or deactivate_all() it")
 
 
 def activate_all_host(field) -> None:

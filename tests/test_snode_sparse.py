@@ -809,7 +809,9 @@ def _moving_blocks(rng, arch, cells, block, fraction, rounds, per_round, threads
 def test_pointer_blocks_are_given_back_on_deactivate(rng):
     # a pool of 16 blocks; 7 rounds each deactivate the last 6 blocks and activate 6 new ones in
     # the same launch (42 blocks activated in all): in use is always 6, values as numpy's
-    _moving_blocks(rng, "cpu", 8, 4, 0.25, 7, 6, 300)
+    from qd_numba import config
+
+    _moving_blocks(rng, config.current.arch, 8, 4, 0.25, 7, 6, 300)
 
 
 @pytest.mark.cuda

@@ -438,6 +438,16 @@ def sparse_ancestors(node: SNode) -> list[SNode]:
     return out[::-1]
 
 
+def sparse_key(field) -> tuple | None:
+    """What compiled code of a field below sparse nodes depends on beyond its view (frontend/keys.py:
+    a kernel over a bitmasked field is not one over a dense field of the same layout): the kind,
+    shape and pool capacity of each sparse node above it; None below none."""
+    node = getattr(field, "_snode", None)
+    if node is None or node._kind != "place":
+        return None
+    return tuple((n._kind, n.shape, n._capacity) for n in sparse_ancestors(node)) or None
+
+
 def cell_digits(node: SNode, field) -> list[tuple[int, int, int]]:
     """How an index of ``field`` (placed below ``node``) gives the index of ``node``'s cell: per
     axis of ``node.shape``, (position of the axis in the field's index, the field's offset on it,

@@ -864,3 +864,42 @@ def test_bitmasked_below_a_pointer_uses_the_pointer_list(rng):
     np.testing.assert_array_equal(visits.to_numpy(), alive.astype(np.int32))
     np.testing.assert_array_equal(x.to_numpy(), (np.arange(N) + 1) * alive)
     assert blocks_in_use(outer) == alive.reshape(-1, B).any(axis=1).sum()
+
+
+def test_offline_cache_tells_a_sparse_field_from_a_dense_one(tmp_path, rng):
+    # one kernel source over a dense tree, then over bitmasked and pointer trees of the same layout:
+    # the disk cache entry of the dense kernel is not reused for the sparse ones (their struct-fors
+    # visit active cells only, their stores activate)
+    from qd_numba import config
+
+    arch = config.current.arch
+    results = {}
+    pts = rng.integers(0, 16, (3, 2)).astype(np.int32)
+    for kind in ("dense", "bitmasked", "pointer"):
+        qd.init(arch=arch, offline_cache=True, offline_cache_file_path=str(tmp_path / "qdcache"))
+        try:
+            x = qd.field(qd.f32)
+            getattr(qd.root, kind)(qd.ij, 4).dense(qd.ij, 4).place(x)
+
+            @qd.kernel
+            def touch(p: qd.types.ndarray()):
+                for k in range(p.shape[0]):
+                    x[p[k, 0], p[k, 1]] = 1.0
+
+            @qd.kernel
+            def step():
+                for i, j in x:
+                    x[i, j] += 2.0
+
+            touch(pts)
+            step()
+            results[kind] = x.to_numpy()
+        finally:
+            qd.init(arch=arch)
+    expect = np.zeros((16, 16), np.float32)
+    expect[pts[:, 0], pts[:, 1]] = 1.0
+    np.testing.assert_array_equal(results["dense"], expect + 2.0)
+    blocks = np.zeros((4, 4), bool)
+    blocks[pts[:, 0] // 4, pts[:, 1] // 4] = True
+    for kind in ("bitmasked", "pointer"):
+        np.testing.assert_array_equal(results[kind], (expect + 2.0) * np.kron(blocks, np.ones((4, 4), bool)))

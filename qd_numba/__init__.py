@@ -146,6 +146,7 @@ from .snode import (
     kl,
     l,
     length,
+    rescale_index,
     root,
 )
 from .runtime import amdgpu, arm64, cpu, cuda, gpu, init, metal, reset, sync, vulkan, x64, x86_64

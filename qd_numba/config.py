@@ -105,6 +105,7 @@ class Config:
     advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
     short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
     cuda_stack_limit: int = 0           # bytes of CUDA stack per thread (0: the driver's default)
+    pointer_pool_fraction: float = 1.0  # QD_POINTER_POOL_FRACTION: a pointer SNode's pool, as a share of its cells
     amdgpu_compile_check: bool = False  # QD_AMDGPU_COMPILE_CHECK: also compile every CPU kernel for AMDGPU (no GPU)
     amdgpu_arch: str = "gfx942"         # QD_AMDGPU_ARCH: AMDGPU processors to compile for, comma-separated
     amdgpu_lld: str = ""                # QD_AMDGPU_LLD: the ld.lld to link code objects ("": found, docs/amdgpu.md)
@@ -226,6 +227,7 @@ def config_from_env(**overrides) -> Config:
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
+        pointer_pool_fraction=env_float("QD_POINTER_POOL_FRACTION", 1.0),
         amdgpu_compile_check=env_flag("QD_AMDGPU_COMPILE_CHECK"),
         amdgpu_arch=os.environ.get("QD_AMDGPU_ARCH", "").strip() or "gfx942",
         amdgpu_lld=os.environ.get("QD_AMDGPU_LLD", "").strip(),
@@ -263,6 +265,9 @@ def config_from_env(**overrides) -> Config:
             raise QuadrantsConfigError(f"device_id={cfg.device_id!r}: expected a CUDA device number >= 0 (QD_DEVICE, "
                                        "qd.init(device_id=...)) or None (the device current in the calling thread)")
         cfg.device_id = int(cfg.device_id)
+    fraction = cfg.pointer_pool_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise QuadrantsConfigError(f"pointer_pool_fraction={fraction!r}: expected a number in (0, 1]")
     return cfg
 
 

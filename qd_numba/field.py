@@ -340,6 +340,7 @@ class Field(ArrayData):
     _placed_at = None    # ``file:line`` of the place call
     _tree = None         # the SNode tree whose bytes ``_arr`` views (None: a buffer of its own)
     _levels = None       # a blocked layout's (axis, size) per buffer dimension (typing/field.py)
+    _pool = None         # below a pointer SNode: snode.PoolLayout (the buffer is the node's pool of blocks)
 
     def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False,
                  offset=None):
@@ -388,11 +389,51 @@ class Field(ArrayData):
         return None if self._tree is not None else self._dev
 
     @staticmethod
-    def _hidden_i32(name: str) -> Field:
-        """A field for a sparse SNode's flags (snode.py), to be placed."""
-        return Field(dtypes.i32, None, name=name)
+    def _hidden_i32(name: str, shape=None) -> Field:
+        """A field for a sparse SNode's flags (snode.py), to be placed; with a shape, one of its own
+        (a node's list of cells)."""
+        return Field(dtypes.i32, shape, name=name)
+
+    # below a pointer SNode python scope goes through the node's slots (snode.pool_*)
+    def _pooled(self) -> bool:
+        """Whether the field is below a pointer node (its tree materialised now, if placed)."""
+        if self._snode is not None and self._buf is None:
+            self._materialize()
+        return self._pool is not None
+
+    def __getitem__(self, key):
+        if not self._pooled():
+            return super().__getitem__(key)
+        from .snode import pool_index
+
+        self.claim()
+        idx = self._index(key)
+        self._pull()
+        value = self._arr[pool_index(self, idx)]
+        return value.copy() if self.element_shape else value.item()
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        if not self._pooled():
+            return super().to_numpy(dtype)
+        from .snode import pool_gather
+
+        self.claim()
+        self._pull()
+        out = pool_gather(self)
+        return out if dtype is None else out.astype(dtype)
 
     def __setitem__(self, key, value):
+        if self._pooled():
+            from .snode import activate_host, pool_index
+
+            self.claim()
+            idx = self._index(key)
+            self._gen = next_generation()
+            activate_host(self, idx)     # first: the store needs the cell's block
+            self._pull()
+            self._arr[pool_index(self, idx)] = value
+            self._push()
+            return
         super().__setitem__(key, value)
         if self._tree is not None:
             from .snode import activate_host, sparse_ancestors
@@ -403,8 +444,27 @@ class Field(ArrayData):
     # below sparse SNodes, as Quadrants' kernels for these do: from_numpy writes (and activates)
     # every element, fill writes the active elements only
     def from_numpy(self, array) -> None:
+        if self._pooled():
+            self.claim()
+            array = np.asarray(array)
+            full = self.shape + self.element_shape
+            if array.shape != full:
+                raise QuadrantsTypeError(
+                    f"from_numpy: {self._describe()} has shape {full}, got an array of shape {array.shape}")
+            self._activate_all()
+            self._write_active(array)
+            return
         super().from_numpy(array)
         self._activate_all()
+
+    def _write_active(self, data) -> None:
+        """Below a pointer node: write ``data`` into the blocks of the listed cells."""
+        from .snode import pool_scatter
+
+        self._gen = next_generation()
+        self._pull()
+        pool_scatter(self, data)
+        self._push()
 
     def fill(self, value) -> None:
         mask = self._active_mask()
@@ -413,11 +473,23 @@ class Field(ArrayData):
             return
         data = self.to_numpy()
         data[mask] = value
+        if self._pooled():
+            self._write_active(data)
+            return
         super().from_numpy(data)
 
+    def _from_numpy_plain(self, array) -> None:
+        """``from_numpy`` without activating (snode.py: a pointer node's slots)."""
+        ArrayData.from_numpy(self, array)
+
     def _fill_plain(self, value) -> None:
-        """``fill`` without activating (snode.py: deactivation, flags)."""
+        """``fill`` without activating (snode.py: deactivation, flags); below a pointer node, the
+        block of cells without one stays zero."""
         ArrayData.fill(self, value)
+        if value and self._pooled():
+            self._pull()
+            self._arr[self._pool.capacity] = 0
+            self._push()
 
     def _activate_all(self) -> None:
         if self._tree is not None:

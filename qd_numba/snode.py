@@ -26,13 +26,21 @@ Quadrants starts a new ``FieldsBuilder`` at each kernel launch. Placing under a 
 materialised tree and placing a field twice are ``QuadrantsRuntimeError``s naming the field and
 the line.
 
-Sparse nodes are stored densely, at full size: a ``bitmasked`` or ``pointer`` node's cells
-all take memory, and a hidden i32 field in the same tree holds one activity flag per cell (a
-dense sibling node of the same shape); a ``dynamic`` node is stored at its capacity, with a
-hidden i32 length per cell of its parent. The first field placed below a sparse node places
-these flags. Kernels keep them up to date (passes/sparse.py: stores activate, struct-fors test
-them); a python-scope store activates too (``activate_host``). Deactivation zero-fills the
-cells' data, so an inactive cell reads 0.
+Sparse nodes (docs/data_layout.md, "Sparse storage"): a ``bitmasked`` node is stored densely
+with a hidden i32 state per cell (0 inactive, 1 active, 2 inactive but listed; a dense sibling
+node of the same shape), and a list of the cells activated since its last ``deactivate_all``
+(hidden fields of their own: ``_cells``, ``_count``) that struct-fors walk. A ``pointer`` node
+has the same, plus an i32 slot per cell (1 + its block, 0: none); its cells are not stored in
+its parent but as blocks of a pool after the tree's dense part (``capacity + 2`` blocks: the
+always-zero block for cells without one, and a spare for overflow); its fields are views of the
+pool (``PoolLayout``). Free blocks are kept in a ring (``_ring``, ``_heads``): activation takes
+one, deactivation of the cell gives it back. A bitmasked node below a pointer node keeps its
+states in the pointer's blocks and has no list (struct-fors walk the pointer's list). A
+``dynamic`` node is stored at its capacity, with a hidden i32 length per
+cell of its parent. The first field placed below a sparse node places these. Kernels keep them
+up to date (passes/sparse.py: stores activate, struct-fors walk the list); a python-scope store
+activates too (``activate_host``). Deactivation zero-fills the cells' data, so an inactive cell
+reads 0.
 """
 
 from __future__ import annotations
@@ -89,7 +97,14 @@ class SNode:
     """A node of a tree: ``kind`` is ``"root"``, ``"dense"``, ``"bitmasked"``, ``"pointer"``,
     ``"dynamic"`` or ``"place"`` (a placed field)."""
 
-    _flags = None    # a sparse node's hidden i32 field: activity flags (bitmasked, pointer) or lengths (dynamic)
+    _flags = None    # a sparse node's hidden i32 field: cell states (bitmasked, pointer) or lengths (dynamic)
+    _cells = None    # bitmasked, pointer: the flat indices of the cells listed (states 1 and 2), an i32 field
+    _count = None    # bitmasked, pointer: how many are listed, a 0-d i32 field
+    _slots = None    # pointer: per cell, 1 + the index of its block in the pool (0: none), an i32 field
+    _ring = None     # pointer: the ring of free blocks of its pool, an i32 field (made when the tree is)
+    _make = None     # pointer: how its hidden fields are made (the ring is made with the tree)
+    _heads = None    # pointer: the ring's positions (taken, given back) and the count of failed takes
+    _capacity = 0    # pointer: blocks in its pool (set when the tree is materialised)
 
     def __init__(self, tree: Tree, kind: str, parent: SNode | None, axes_=(), sizes=(), field=None):
         self._tree, self._kind, self._parent = tree, kind, parent
@@ -109,8 +124,12 @@ class SNode:
         return self._child("bitmasked", axes_, dimensions)
 
     def pointer(self, axes_, dimensions) -> SNode:
-        """As ``bitmasked`` for programs: stored densely with an activity flag per cell, so an
-        inactive cell takes memory as an active one does."""
+        """As ``bitmasked`` for programs, but a cell's contents (the nodes and fields below it) are a
+        block taken from the node's pool when the cell is first activated: inactive cells take no
+        memory beyond a 4-byte slot."""
+        if any(n._kind == "pointer" for n in sparse_ancestors(self)):
+            raise QuadrantsSyntaxError(f"pointer at {_user_site()}: a pointer SNode below another pointer SNode "
+                                       "is not supported (use dense or bitmasked nodes below a pointer)")
         return self._child("pointer", axes_, dimensions)
 
     def dynamic(self, axis, dimension, chunk_size=None) -> SNode:
@@ -151,6 +170,15 @@ class SNode:
         self._parent._children.append(holder)
         self._flags = make(f"activity of a {self._kind} SNode")
         holder.place(self._flags)
+        if self._kind == "pointer":
+            self._slots = make("blocks of a pointer SNode")
+            holder.place(self._slots)
+            self._heads = make("ring positions of a pointer SNode", (3,))
+            self._make = make
+        if any(n._kind == "pointer" for n in sparse_ancestors(self._parent)):
+            return    # its states live in the pointer's blocks: struct-fors walk the pointer's list
+        self._cells = make(f"active cells of a {self._kind} SNode", (int(np.prod(self.shape, dtype=np.int64)),))
+        self._count = make(f"active cell count of a {self._kind} SNode", ())
 
     def place(self, *fields, offset=None) -> SNode:
         """Place fields (or lists of fields) in this node's cells; ``offset`` shifts their indices."""
@@ -158,6 +186,9 @@ class SNode:
         for f in fields:
             if isinstance(f, (list, tuple)):
                 self.place(*f, offset=offset)
+                continue
+            if hasattr(f, "leaf_fields"):   # a struct field: its members, side by side (AoS)
+                self.place(*f.leaf_fields(), offset=offset)
                 continue
             if not hasattr(f, "_place"):    # a qd.field (field.py imports this module, not the reverse)
                 raise QuadrantsTypeError(f"place at {site}: {f!r} cannot be placed (a qd.field is expected)")
@@ -258,9 +289,23 @@ class Tree:
             _root._builder = FieldsBuilder()
             _root_trees.append(self)
         size, _ = _cell_size(self.root)
+        pools = {}     # pointer node -> byte offset of its pool (after the tree's dense part)
+        for node in self.root._walk():
+            if node._kind == "pointer" and node._slots is not None:
+                node._capacity = pool_capacity(node)
+                node._ring = node._make("free blocks of a pointer SNode", (node._capacity,))
+                size = -(-size // 16) * 16
+                pools[node] = size
+                size += (node._capacity + 2) * _cell_size(node)[0]
         self.base = np.zeros(max(size, 1), np.uint8)
-        for node, (offset, strides) in _placements(self.root, 0, {}).items():
+        placements = _placements(self.root, 0, {})
+        for p, at in pools.items():
+            placements.update(_placements(p, at, {}))
+        for node, (offset, strides) in placements.items():
             f = node._field
+            pointer = next((n for n in sparse_ancestors(node) if n._kind == "pointer"), None)
+            if pointer is not None:
+                continue
             itemsize = np.dtype(_numpy_dtype(f)).itemsize
             elem_strides = tuple(int(np.prod(f.element_shape[k + 1:], dtype=np.int64)) * itemsize
                                  for k in range(len(f.element_shape)))
@@ -274,6 +319,49 @@ class Tree:
                                 strides=strides + elem_strides)
             f._tree = self
             self._fields.append(f)
+        for node, (offset, _) in placements.items():   # below a pointer: views of its pool, once slots are there
+            pointer = next((n for n in sparse_ancestors(node) if n._kind == "pointer"), None)
+            if pointer is not None:
+                self._place_pooled(node, pointer, offset)
+        for node in pools:
+            reset_pool(node)
+
+    def _place_pooled(self, node: SNode, pointer: SNode, offset: int) -> None:
+        """The view of a field below a pointer node: (blocks, levels below the node..., element),
+        the block's stride the node's cell size; its ``_pool`` tells compiled code (typing/field.py)
+        where the node's slots are."""
+        f = node._field
+        itemsize = np.dtype(_numpy_dtype(f)).itemsize
+        elem_strides = tuple(int(np.prod(f.element_shape[k + 1:], dtype=np.int64)) * itemsize
+                             for k in range(len(f.element_shape)))
+        levels = node._levels()
+        outer = len(pointer._levels())
+        inner_sizes, inner_strides = [], []
+        path, n = [], node._parent
+        while n is not pointer:
+            path.append(n)
+            n = n._parent
+        for n in reversed(path):
+            cell, _ = _cell_size(n)
+            for k, size in enumerate(n._sizes):
+                inner_sizes.append(size)
+                inner_strides.append(cell * int(np.prod(n._sizes[k + 1:], dtype=np.int64)))
+        block = _cell_size(pointer)[0]
+        f._arr = np.ndarray((pointer._capacity + 2, *inner_sizes) + f.element_shape, _numpy_dtype(f),
+                            buffer=self.base, offset=offset,
+                            strides=(block, *inner_strides) + elem_strides)
+        f._tree = self
+        self._fields.append(f)
+        slots = pointer._slots._arr
+        ranks = {a: k for k, a in enumerate(sorted({a for a, _ in levels}))}
+        slot_ranks = {a: k for k, a in enumerate(sorted({a for a, _ in levels[:outer]}))}
+        if pointer._slots._levels is not None:
+            slot_strides = slots.strides[:outer]
+        else:
+            slot_strides = tuple(slots.strides[slot_ranks[a]] for a, _ in levels[:outer])
+        f._pool = PoolLayout(tuple((ranks[a], n) for a, n in levels), outer,
+                             slots.ctypes.data - f._arr.ctypes.data, tuple(int(x) for x in slot_strides),
+                             pointer._capacity, pointer)
 
     def place_on(self, arch: str) -> None:
         """Give the tree (and each field's view) device storage on ``arch`` (CUDA), or host only."""
@@ -300,14 +388,40 @@ class Tree:
         return self.base
 
     def pull(self) -> None:
-        """Before host-side reads: bring the device bytes back (CUDA)."""
+        """Before host-side reads: bring the device bytes back (CUDA); a pointer node's pool that
+        ran out of blocks is an error here."""
         if self._dev is not None:
             self._dev.copy_to_host(self.base)
+        for node in self.root._walk():
+            if node._slots is not None:
+                check_pool(node)
 
     def push(self) -> None:
         """After host-side writes: send the bytes to the device (CUDA)."""
         if self._dev is not None:
             self._dev.copy_to_device(self.base)
+
+
+class PoolLayout:
+    """How compiled code reaches an element of a field below a pointer node: the element's digit
+    on each level of its path (``levels``: (index rank, size), outermost first); the first
+    ``outer`` digits pick the node's cell, whose slot (an i32 at byte ``slot_offset`` from the
+    field's data plus the digits times ``slot_strides``) holds 1 + its block; the block is the
+    first index of the field's buffer (block ``capacity``, always zero, for a cell without one),
+    the remaining digits the next ones."""
+
+    def __init__(self, levels, outer, slot_offset, slot_strides, capacity, node):
+        self.levels, self.outer, self.slot_offset = levels, outer, slot_offset
+        self.slot_strides, self.capacity, self.node = slot_strides, capacity, node
+
+    def key(self) -> tuple:
+        return (self.levels, self.outer, self.slot_offset, self.slot_strides, self.capacity)
+
+
+def pool_capacity(node: SNode) -> int:
+    """The blocks of a pointer node's pool: its cells times ``qd.init(pointer_pool_fraction=...)``."""
+    cells = int(np.prod(node.shape, dtype=np.int64))
+    return max(1, min(cells, int(np.ceil(cells * config.current.pointer_pool_fraction))))
 
 
 SPARSE_KINDS = ("bitmasked", "pointer", "dynamic")
@@ -322,6 +436,16 @@ def sparse_ancestors(node: SNode) -> list[SNode]:
             out.append(node)
         node = node._parent
     return out[::-1]
+
+
+def sparse_key(field) -> tuple | None:
+    """What compiled code of a field below sparse nodes depends on beyond its view (frontend/keys.py:
+    a kernel over a bitmasked field is not one over a dense field of the same layout): the kind,
+    shape and pool capacity of each sparse node above it; None below none."""
+    node = getattr(field, "_snode", None)
+    if node is None or node._kind != "place":
+        return None
+    return tuple((n._kind, n.shape, n._capacity) for n in sparse_ancestors(node)) or None
 
 
 def cell_digits(node: SNode, field) -> list[tuple[int, int, int]]:
@@ -358,15 +482,96 @@ def activate_host(field, idx: tuple) -> None:
             length = node._flags[where or None]
             node._flags[where or None] = max(length, (idx[rank] % field.shape[rank]) // div % cap + 1)
         else:
-            where = tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node, field))
-            node._flags[where] = 1
+            activate_cell_host(node, tuple((idx[r] % field.shape[r]) // d for r, _, d in cell_digits(node, field)))
+
+
+def activate_cell_host(node: SNode, where: tuple) -> None:
+    """Python scope: make the cell ``where`` of a bitmasked/pointer node active (state 1), listing
+    it if it was not, and giving it a block of the pool (pointer; lowering/sparse.py)."""
+    state = node._flags[where]
+    if state == 0 and node._cells is not None:
+        n = node._count[None]
+        node._cells[n] = int(np.ravel_multi_index(where, node.shape))
+        node._count[None] = n + 1
+    if state != 1 and node._slots is not None and node._slots[where] == 0:
+        node._slots[where] = int(take_blocks_host(node, 1)[0]) + 1
+        check_pool(node)
+    if state != 1:
+        node._flags[where] = 1
+
+
+def take_blocks_host(node: SNode, n: int) -> np.ndarray:
+    """Python scope: ``n`` blocks of a pointer node's pool from its ring of free blocks (as
+    lowering/sparse.take_block; past the free ones: the spare block, counted as failed)."""
+    heads, ring = node._heads.to_numpy(), node._ring.to_numpy()
+    free = max(0, min(n, int(heads[1] - heads[0])))
+    at = (heads[0] + np.arange(free)) % node._capacity
+    blocks = np.concatenate([ring[at], np.full(n - free, node._capacity + 1, np.int32)]).astype(np.int32)
+    ring[at] = -1
+    heads[0] += n
+    heads[2] += n - free
+    node._ring.from_numpy(ring)
+    node._heads.from_numpy(heads)
+    return blocks
+
+
+def reset_pool(node: SNode) -> None:
+    """Every block of a pointer node's pool free: the ring holds them all, none taken."""
+    node._ring.from_numpy(np.arange(node._capacity, dtype=np.int32))
+    node._heads.from_numpy(np.array([0, node._capacity, 0], np.int32))
+
+
+def blocks_in_use(node: SNode) -> int:
+    """The blocks of a pointer node's pool held by its cells (the allocator's counter: taken less
+    given back, less the takes that found none)."""
+    heads = node._heads.to_numpy()
+    return int(node._capacity - (heads[1] - heads[0]) - heads[2])
+
+
+def _activate_all_cells(node: SNode) -> None:
+    """Python scope: every cell of a bitmasked/pointer node active; those not listed are listed
+    (and given blocks) after the others, whose blocks keep their data."""
+    flags = node._flags.to_numpy().reshape(-1)
+    new = np.flatnonzero(flags == 0).astype(np.int32)
+    if len(new) and node._cells is not None:
+        n = node._count[None]
+        cells = node._cells.to_numpy()
+        cells[n:n + len(new)] = new
+        node._cells.from_numpy(cells)
+        node._count[None] = n + len(new)
+    if node._slots is not None:
+        slots = node._slots.to_numpy().reshape(-1)
+        need = np.flatnonzero(slots == 0)
+        if len(need):
+            slots[need] = take_blocks_host(node, len(need)) + 1
+            node._slots._from_numpy_plain(slots.reshape(node.shape))
+            check_pool(node)
+    node._flags._fill_plain(1)
+
+
+def check_pool(node: SNode) -> None:
+    """A ``QuadrantsRuntimeError`` when cells of a pointer node were activated while its pool had no
+    free block (since its last ``deactivate_all``)."""
+    failed = int(node._heads[2])
+    if failed:
+        hidden = ("activity of", "blocks of", "length of")
+        names = ", ".join(_field_label(p._field) for p in node._walk()
+                          if p._kind == "place" and not (p._field.name or "").startswith(hidden))
+        raise QuadrantsRuntimeError(
+            f"the pool of {node!r} ({names}) is full: {failed} activation(s) found none of its "
+            f"{node._capacity} blocks free (since its last deactivate_all(), which empties it); raise "
+            f"qd.init(pointer_pool_fraction=...) (now {config.current.pointer_pool_fraction}), deactivate cells "
+            "sooner or deactivate_all() it")
 
 
 def activate_all_host(field) -> None:
     """After python scope wrote every element of ``field``: every cell above it is active, every
     dynamic list above it full."""
     for node in sparse_ancestors(field._snode):
-        node._flags._fill_plain(node._sizes[0] if node._kind == "dynamic" else 1)
+        if node._kind != "dynamic":
+            _activate_all_cells(node)
+        else:
+            node._flags._fill_plain(node._sizes[0])
 
 
 def active_mask_host(field):
@@ -384,8 +589,64 @@ def active_mask_host(field):
             cell = tuple(idx[r] // d for r, _, d in cell_digits(node._parent, field))
             mask &= idx[rank] // div % cap < (flags[cell] if cell else flags)
         else:
-            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] != 0
+            mask &= flags[tuple(idx[r] // d for r, _, d in cell_digits(node, field))] == 1
     return mask
+
+
+def _level_digits(levels, idx) -> list[int]:
+    """An index's digit on each level (``(rank, size)``, outermost first) of a path."""
+    out = []
+    for k, (rank, size) in enumerate(levels):
+        inner = int(np.prod([n for r, n in levels[k + 1:] if r == rank], dtype=np.int64))
+        digit = idx[rank] // inner
+        out.append(digit % size if any(r == rank for r, _ in levels[:k]) else digit)
+    return out
+
+
+def pool_index(field, idx: tuple) -> tuple:
+    """Where the element ``idx`` (without the offset) of a field below a pointer node is in its
+    buffer (the always-zero block for a cell without a block)."""
+    pool = field._pool
+    idx = tuple(int(i) % n for i, n in zip(idx, field.shape))
+    slot = pool.node._slots[tuple(idx[r] // d for r, _, d in cell_digits(pool.node, field))]
+    block = slot - 1 if slot else pool.capacity
+    return (block, *_level_digits(pool.levels, idx)[pool.outer:])
+
+
+def _pool_dims(field):
+    """(the dimensions of the field's blocks, P.shape + inner levels, and the transposition that puts
+    each index rank's dimensions together, outermost first)."""
+    pool = field._pool
+    digits = cell_digits(pool.node, field)
+    inner = pool.levels[pool.outer:]
+    sizes = list(pool.node.shape) + [n for _, n in inner]
+    order = []
+    for r in range(len(field.shape)):
+        order += [k for k, (rank, _, _) in enumerate(digits) if rank == r]
+        order += [len(digits) + j for j, (rank, _) in enumerate(inner) if rank == r]
+    return sizes, order
+
+
+def pool_gather(field) -> np.ndarray:
+    """The elements of a field below a pointer node, in index order (0 in cells without a block)."""
+    pool = field._pool
+    slots = pool.node._slots.to_numpy()
+    blocks = np.where(slots > 0, slots - 1, pool.capacity)
+    image = field._arr[blocks]
+    sizes, order = _pool_dims(field)
+    elem = list(range(len(sizes), image.ndim))
+    return image.transpose(order + elem).reshape(field.shape + field.element_shape)
+
+
+def pool_scatter(field, data: np.ndarray) -> None:
+    """Write ``data`` (index order) into the blocks of the listed cells of a field below a pointer node."""
+    pool = field._pool
+    slots = pool.node._slots.to_numpy()
+    sizes, order = _pool_dims(field)
+    split = np.asarray(data).reshape([sizes[k] for k in order] + list(field.element_shape))
+    image = split.transpose(list(np.argsort(order)) + list(range(len(sizes), split.ndim)))
+    has = (slots > 0) & (slots <= pool.capacity)
+    field._arr[slots[has] - 1] = image[has]
 
 
 def deactivate_all(node: SNode) -> None:
@@ -398,6 +659,11 @@ def deactivate_all(node: SNode) -> None:
                 if below._kind == "place":
                     below._field._fill_plain(0)    # Field.fill would activate
             sparse._flags._fill_plain(0)
+            if sparse._count is not None:
+                sparse._count[None] = 0
+            if sparse._slots is not None:
+                sparse._slots._fill_plain(0)
+                reset_pool(sparse)
 
 
 def _numpy_dtype(f):
@@ -406,7 +672,9 @@ def _numpy_dtype(f):
 
 def _member(child: SNode) -> tuple[int, int]:
     """(size, alignment) in bytes of one member of a cell: a placed field's element, or a child
-    node's whole array."""
+    node's whole array (a pointer node's cells are blocks of its pool: nothing here)."""
+    if child._kind == "pointer":
+        return 0, 1
     if child._kind == "place":
         f = child._field
         item = np.dtype(_numpy_dtype(f)).itemsize
@@ -443,7 +711,7 @@ def _placements(node: SNode, base_offset: int, out: dict) -> dict:
     for child, offset in zip(node._children, _member_offsets(node)):
         if child._kind == "place":
             out[child] = (base_offset + offset, _axis_strides(child))
-        else:
+        elif child._kind != "pointer":    # its pool is laid out by Tree.materialize
             _placements(child, base_offset + offset, out)
     return out
 
@@ -597,6 +865,13 @@ def deactivate(node, indices):
     """``qd.deactivate(node, I)`` (in kernels): deactivate the cell ``I``; the fields placed directly
     under ``node`` read 0 there again."""
     _kernel_only("deactivate")
+
+
+def rescale_index(a, b, I):  # noqa: E741  (Quadrants' name)
+    """``qd.rescale_index(a, b, I)`` (in kernels): the index ``I`` of field or SNode ``a`` as an index
+    of ``b`` (a vector): per axis, divided by ``a.shape[k] // b.shape[k]`` when ``a`` is finer,
+    multiplied by ``b.shape[k] // a.shape[k]`` when it is coarser."""
+    _kernel_only("rescale_index")
 
 
 def append(node, indices, val):

@@ -92,16 +92,17 @@ class Struct:
         return out
 
     @staticmethod
-    def make_field(st: StructType, shape=(), name=None, needs_grad=False, needs_dual=False, offset=None,
+    def make_field(st: StructType, shape=None, name=None, needs_grad=False, needs_dual=False, offset=None,
                    layout=None) -> StructField:
         if offset is not None:
             raise QuadrantsTypeError("a struct field: 'offset' is not supported by qd_numba")
         return StructField(st, shape, name=name, needs_grad=needs_grad, needs_dual=needs_dual)
 
     @staticmethod
-    def field(members: dict, methods=None, shape=(), name=None, offset=None, needs_grad=False, needs_dual=False,
+    def field(members: dict, methods=None, shape=None, name=None, offset=None, needs_grad=False, needs_dual=False,
               layout=None) -> StructField:
-        """``qd.Struct.field({"a": qd.f32, ...}, shape=...)``: a struct field."""
+        """``qd.Struct.field({"a": qd.f32, ...}, shape=...)``: a struct field; without a shape, one to
+        place in an SNode tree (``qd.root.dense(qd.i, n).place(s)`` places every member there)."""
         st = StructType({k: member_type(v) for k, v in members.items()}, methods)
         return Struct.make_field(st, shape, name=name, needs_grad=needs_grad, needs_dual=needs_dual, offset=offset)
 
@@ -199,7 +200,11 @@ class StructField:
                 members[k] = Field(t, shape, needs_grad=needs_grad and real, name=member_name,
                                    needs_dual=needs_dual and real)
         self.field_dict = members
-        self.shape = next(iter(members.values())).shape if members else ()
+
+    @property
+    def shape(self):
+        """The members' shape (None until a struct field declared without one is placed)."""
+        return next(iter(self.field_dict.values())).shape if self.field_dict else ()
 
     def __getattr__(self, name):
         members = self.__dict__.get("field_dict", {})

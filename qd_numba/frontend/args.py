@@ -183,7 +183,7 @@ def field_type(f: ArrayData, debug: bool) -> FieldType:
     """The type of a field's buffer: ``"A"`` layout for a strided view (an SNode tree's field)."""
     return FieldType(f.dtype, len(f.shape), f.elem_type, "C" if f._arr.flags.c_contiguous else "A", checked=debug,
                      kind="field" if not isinstance(f, Ndarray) else "ndarray", offset=f.offset,
-                     levels=getattr(f, "_levels", None))
+                     levels=getattr(f, "_levels", None), pool=getattr(f, "_pool", None))
 
 
 def field_for_ndarray_message(where: str, field) -> str:

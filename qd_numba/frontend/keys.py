@@ -20,6 +20,7 @@ import types as pytypes
 import numpy as np
 
 from ..field import ArrayData, Ndarray
+from ..snode import sparse_key
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -43,7 +44,7 @@ def value_key(value):
     if isinstance(value, ArrayData):
         return ("ndarray" if isinstance(value, Ndarray) else "field", str(value.dtype), value.shape,
                 value.element_shape, repr(value.elem_type), value._arr.strides, value.offset,
-                getattr(value, "_levels", None))
+                getattr(value, "_levels", None), sparse_key(value))
     from numba.core import types as nbtypes
 
     if isinstance(value, nbtypes.Type):

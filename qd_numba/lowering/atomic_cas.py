@@ -33,7 +33,7 @@ def element_cas(typingctx, f, idx, expected, desired):
 
     def codegen(context, builder, sig, args):
         fty, idxty, ety, dty = sig.args
-        ptr = _component_pointers(context, builder, fty, args[0], idxty, args[1])[0]
+        ptr = _component_pointers(context, builder, fty, args[0], idxty, args[1], write=True)[0]
         want = context.cast(builder, args[2], ety, dtype)
         new = context.cast(builder, args[3], dty, dtype)
         return builder.extract_value(builder.cmpxchg(ptr, want, new, "monotonic", "monotonic"), 0)

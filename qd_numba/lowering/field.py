@@ -96,8 +96,10 @@ def bounds_check(context, builder, inds, shape, ty) -> None:
             raise_user_error(context, builder, IndexError, (f"index out of bounds on axis {axis} of a {ty}",))
 
 
-def _component_pointers(context, builder, ty, val, idxty, idxval):
-    """Pointers to each component of the selected element, bounds-checked if ``ty.checked``."""
+def _component_pointers(context, builder, ty, val, idxty, idxval, write=False):
+    """Pointers to each component of the selected element, bounds-checked if ``ty.checked``
+    (``write``: for a store or an atomic, which reach a pointer node's spare block, not its
+    always-zero one, in a cell without a block)."""
     dtype, ndim, elem_shape, checked, arrty = _layout(ty)
     arrval = cgutils.create_struct_proxy(ty)(context, builder, value=val).arr if isinstance(ty, FieldType) else val
     ary = array_struct(context, builder, arrty, arrval)
@@ -109,11 +111,15 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
     if isinstance(ty, FieldType) and ty.offset:    # qd.field(..., offset=...): x[offset] is the first element
         inds = [builder.sub(v, llir.Constant(intp, o)) if k < len(ty.offset) and ty.offset[k] else v
                 for k, (v, o) in enumerate(zip(inds, ty.offset + (0,) * len(inds)))]
+    pool = ty.pool if isinstance(ty, FieldType) else None
     levels = ty.levels if isinstance(ty, FieldType) else None
     if checked:
-        index_shape = [llir.Constant(intp, n) for n in ty.logical_shape] + shape[len(levels):] if levels else shape
+        index_shape = [llir.Constant(intp, n) for n in ty.logical_shape] + shape[arrty.ndim - len(elem_shape):] \
+            if ty.logical_shape is not None else shape
         bounds_check(context, builder, inds, index_shape, ty)
-    if levels:
+    if pool is not None:
+        inds = _pool_indices(builder, ary.data, pool, inds[:ndim], write) + inds[ndim:]
+    elif levels:
         inds = _level_indices(builder, levels, inds[:ndim]) + inds[ndim:]
     if len(inds) == arrty.ndim:  # a single component of a vector/matrix element
         return [cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, inds)]
@@ -122,6 +128,25 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
         full = inds + [llir.Constant(intp, c) for c in comp]
         pointers.append(cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, arrty.layout, full))
     return pointers
+
+
+def _pool_indices(builder, data, pool, inds, write):
+    """The buffer indices of an element of a field below a pointer node (snode.PoolLayout): its
+    cell's block (from the node's slot; when the cell has none, the always-zero block ``capacity``
+    to read, the spare block ``capacity + 1`` to write), then the digits of the levels below the
+    node."""
+    levels, outer, slot_offset, slot_strides, capacity = pool
+    digits = _level_indices(builder, levels, inds)
+    intp = digits[0].type
+    i32 = llir.IntType(32)
+    addr = builder.add(builder.ptrtoint(data, intp), llir.Constant(intp, slot_offset))
+    for d, stride in zip(digits[:outer], slot_strides):
+        addr = builder.add(addr, builder.mul(d, llir.Constant(intp, stride)))
+    slot = builder.sext(builder.load(builder.inttoptr(addr, i32.as_pointer())), intp)
+    none = builder.icmp_signed("==", slot, llir.Constant(intp, 0))
+    block = builder.select(none, llir.Constant(intp, capacity + 1 if write else capacity),
+                           builder.sub(slot, llir.Constant(intp, 1)))
+    return [block] + digits[outer:]
 
 
 def _level_indices(builder, levels, inds):
@@ -298,7 +323,7 @@ def element_store(typingctx, f, idx, value):
         fty, idxty, valty = sig.args
         if _is_half(fty):
             _check_half_conversions(context)
-        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
+        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1], write=True)
         vals, vtys = _components(builder, valty, args[2], len(ptrs))
         for p, v, vt in zip(ptrs, vals, vtys):
             _store_scalar(context, builder, fty, v, vt, p)
@@ -335,7 +360,7 @@ def element_atomic(typingctx, f, idx, value, op):
         from .device import cuda_atomic_rmw, is_cuda_context
 
         fty, idxty, valty, _ = sig.args
-        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1])
+        ptrs = _component_pointers(context, builder, fty, args[0], idxty, args[1], write=True)
         dtype = _layout(fty)[0]
         vals, vtys = _components(builder, valty, args[2], len(ptrs))
         # libNVVM rejects float atomicrmw: CUDA float atomics go through NVVM intrinsics
@@ -392,7 +417,7 @@ def _field_setitem(f, idx, value):
 @overload_attribute(FieldType, "shape")
 def _field_shape(f):
     ndim = f.ndim
-    if f.levels:
+    if f.logical_shape is not None:    # a blocked layout or a pointer node's pool
         shape = f.logical_shape
         return lambda f: shape
     return lambda f: _field_array(f).shape[:ndim]
@@ -400,8 +425,9 @@ def _field_shape(f):
 
 @overload_method(FieldType, "to_array")
 def _field_to_array(f):
-    if f.levels:
-        raise typing_error(QuadrantsTypeError(f"{f} has a blocked layout: it is no array"))
+    if f.logical_shape is not None:
+        raise typing_error(QuadrantsTypeError(f"{f} has a blocked layout or is below a pointer SNode: it is no "
+                                              "array"))
     return lambda f: _field_array(f)
 
 

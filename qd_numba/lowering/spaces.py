@@ -131,7 +131,7 @@ def shape_space(typingctx, x):
             value = cgutils.create_struct_proxy(x)(context, builder, value=value).arr
         arr = array_struct(context, builder, arrty, value)
         shape = cgutils.unpack_tuple(builder, arr.shape, arrty.ndim)
-        if getattr(x, "levels", None):    # a blocked layout: the index shape is a constant
+        if getattr(x, "logical_shape", None) is not None:    # blocked, or a pointer's pool: a constant shape
             shape = [llir.Constant(context.get_value_type(types.intp), n) for n in x.logical_shape]
         i64 = llir.IntType(64)
         one = llir.Constant(i64, 1)

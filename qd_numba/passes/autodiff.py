@@ -46,6 +46,7 @@ from ..lang import random as qd_random
 from ..lowering import adstack as ad_stack
 from ..lowering import array_access, spaces, subscripts
 from ..lowering import autodiff as ad_helpers
+from ..lowering import sparse as sparse_helpers
 from ..matrix import Matrix, Vector
 from ..ops.math_ops import MATH_OPS, OPERATOR_ADJOINTS
 from ..ops.matrix_methods import MATRIX_METHODS
@@ -66,7 +67,9 @@ _FLOAT_CASTS = (builtins.float, np.float32, np.float64)
 # calls that carry no gradient (indices, iteration spaces, integer conversions, random numbers)
 _NO_GRADIENT = {builtins.int, builtins.bool, builtins.len, builtins.range, ad_helpers.stop_grad,
                 spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total,
-                spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple}
+                spaces.space_index, subscripts.index_vector, subscripts.as_index_tuple,
+                sparse_helpers.activate_cell, sparse_helpers.activate_block, sparse_helpers.deactivate_cell,
+                sparse_helpers.free_block, sparse_helpers.set_flag}
 _COMPONENTS = {"x": 0, "y": 1, "z": 2, "w": 3}
 _LOCAL_SUM_MAX = 32         # elements of a field whose adjoints a thread sums per iteration
 _ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)

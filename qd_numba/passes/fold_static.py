@@ -24,6 +24,7 @@ from ..errors import QuadrantsCompilationError, QuadrantsSyntaxError, QuadrantsT
 from ..lang import static as qd_static
 from ..lang import static_assert as qd_static_assert
 from ..lang import static_print as qd_static_print
+from ..snode import SNode
 from .base import MISSING, copy_ir, try_static
 from .ir_builder import retarget
 
@@ -134,7 +135,7 @@ class FoldStatic:
             if not _is_static_call_result(state, shape.iterable, iterable_def):
                 continue
             values = try_static(state, shape.iterable, permissive=True)
-            if values is MISSING:
+            if values is MISSING or isinstance(values, SNode):    # over an SNode: a struct-for
                 continue
             shape.body = set(shape.body) | _return_tails(cfg, shape)
             try:

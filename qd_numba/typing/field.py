@@ -21,6 +21,9 @@ index before the access (``qd.field(..., offset=...)``): part of the type, as in
 axis split over several nodes of an SNode path: the buffer has one dimension per level, and an
 index ``i`` of an axis with levels of sizes ``s0, s1`` (outer first) is the pair
 ``(i // s1, i % s1)`` (lowering/field.py). Its index shape is ``logical_shape``.
+``pool`` (None, or snode.PoolLayout's ``key()``) describes a field below a pointer node: the
+buffer is the node's pool of blocks, and an index reaches its element through the node's slots
+(lowering/field.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ..field import element_shape
 class FieldType(types.Type):
     def __init__(self, dtype, ndim: int, elem_type=None, layout: str = "C", readonly: bool = False,
                  checked: bool = False, kind: str = "field", offset: tuple | None = None,
-                 levels: tuple | None = None):
+                 levels: tuple | None = None, pool=None):
         self.dtype = dtype
         self.ndim = ndim
         self.elem_type = elem_type
@@ -45,24 +48,27 @@ class FieldType(types.Type):
         self.kind = kind
         self.offset = offset
         self.levels = levels
+        self.pool = pool.key() if pool is not None and not isinstance(pool, tuple) else pool
+        if self.pool is not None:
+            levels = self.pool[0]
         self.logical_shape = logical_shape(levels, ndim) if levels else None
         half = dtype == types.float16
         self.value_dtype = types.float32 if half else dtype
         self.value_elem_type = elem_type.with_dtype(types.float32) if half and elem_type is not None else elem_type
-        self.array_type = types.Array(types.uint16 if half else dtype,
-                                      (len(levels) if levels else ndim) + len(self.elem_shape), layout,
+        dims = 1 + len(levels) - self.pool[1] if self.pool is not None else len(levels) if levels else ndim
+        self.array_type = types.Array(types.uint16 if half else dtype, dims + len(self.elem_shape), layout,
                                       readonly=readonly)
         elem = f", elem={elem_type}" if elem_type is not None else ""
         super().__init__(
             name=f"qd.{kind}({dtype}, ndim={ndim}{elem}, {layout}{', readonly' if readonly else ''}"
             f"{', checked' if checked else ''}{f', offset={offset}' if offset else ''}"
-            f"{f', levels={levels}' if levels else ''})"
+            f"{f', levels={self.levels}' if self.levels else ''}{f', pool={self.pool}' if self.pool else ''})"
         )
 
     @property
     def key(self):
         return (self.dtype, self.ndim, self.elem_type, self.layout, self.readonly, self.checked, self.kind,
-                self.offset, self.levels)
+                self.offset, self.levels, self.pool)
 
 
 def logical_shape(levels, ndim: int) -> tuple[int, ...]:

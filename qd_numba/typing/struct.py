@@ -46,7 +46,7 @@ class StructType(types.Type):
             return signature(self, *args)
         return self.python_class.of_type(self, args, kwargs)
 
-    def field(self, shape=(), name=None, needs_grad=False, needs_dual=False, offset=None, layout=None):
+    def field(self, shape=None, name=None, needs_grad=False, needs_dual=False, offset=None, layout=None):
         """A struct field of this type (``qd_numba/struct.py``)."""
         return self.python_class.make_field(self, shape, name=name, needs_grad=needs_grad,
                                             needs_dual=needs_dual, offset=offset, layout=layout)

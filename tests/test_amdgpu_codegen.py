@@ -31,6 +31,9 @@ if not numba_cuda_importable():  # pragma: no cover - CI without the cuda extra
 F32 = types.float32[::1]
 F64 = types.float64[::1]
 LLD = Toolchain.current().lld
+VEC3 = qd.types.vector(3, qd.f32)
+MAT2 = qd.types.matrix(2, 2, qd.f64)
+PARTICLE = qd.types.struct(m=qd.f32, v=VEC3, id=qd.i32)
 
 
 def _compile(kernel, param_types, templates=None):
@@ -322,12 +325,9 @@ class _FakeHip:
         return (0,)
 
 
-def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
-    """The AMDGPU launch plan over a stand-in for hip-python: one hipModuleLaunchKernel per task
-    with the task's grid and block and a void*[] whose cells hold the kernel's arguments in the
-    kernarg layout (field table, temporaries, then each array as meminfo, parent, nitems,
-    itemsize, data, shape, strides, and the scalars)."""
-    from qd_numba.targets.amdgpu import kernel as amd_kernel
+@pytest.fixture
+def fake_hip(monkeypatch):
+    """The AMDGPU runtime over :class:`_FakeHip` (no linker needed: modules are not loaded)."""
     from qd_numba.targets.amdgpu import runtime as amd_runtime
 
     fake = _FakeHip()
@@ -335,6 +335,27 @@ def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
     monkeypatch.setattr(amd_runtime, "_hip_library_loads", lambda: True)
     monkeypatch.setattr(amd_runtime.HipRuntime, "_instance", None)
     monkeypatch.setattr(Toolchain, "require_linker", lambda self: None)
+    return fake
+
+
+_FMT_CTYPES = {"Q": ctypes.c_uint64, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float,
+               "d": ctypes.c_double}
+
+
+def _cell_values(binary, argv):
+    """(argument name, value) per kernel parameter slot of a recorded launch's void*[]."""
+    pointers = (ctypes.c_void_p * len(binary.slots)).from_address(argv)
+    return [(name, _FMT_CTYPES[fmt].from_address(p).value) for (name, fmt), p in zip(binary.slots, pointers)]
+
+
+def test_launch_plan_packs_hip_arguments(fake_hip, rng):
+    """The AMDGPU launch plan over a stand-in for hip-python: one hipModuleLaunchKernel per task
+    with the task's grid and block and a void*[] whose cells hold the kernel's arguments in the
+    kernarg layout (field table, temporaries, then each array as meminfo, parent, nitems,
+    itemsize, data, shape, strides, and the scalars)."""
+    from qd_numba.targets.amdgpu import kernel as amd_kernel
+
+    fake = fake_hip
 
     @qd.kernel
     def axpy(x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1), a: qd.f32):
@@ -343,19 +364,46 @@ def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
 
     x, y = rng.random(5000).astype(np.float32), rng.random(5000).astype(np.float32)
     backend = amd_kernel.AmdgpuKernel(axpy)
-    plan, views = backend._plan((x, y, 2.5))
+    plan, _args, views = backend._plan((x, y, 2.5))
     (launch,) = plan.launches
     assert launch.binary.kind == "range_for" and launch.block == 256
     assert launch.grid == 304 * 2048 // 256                 # the saturating grid
     plan.run((x, y, 2.5), views)
     (fn, grid, block, argv) = fake.launches[-1]
     assert fn == launch.binary.entry_name and block == 256 and grid == -(-5000 // 256)
-    slots = launch.binary.slots
-    pointers = (ctypes.c_void_p * len(slots)).from_address(argv)
-    fmt_ctypes = {"Q": ctypes.c_uint64, "q": ctypes.c_int64, "f": ctypes.c_float}
-    values = [fmt_ctypes[fmt].from_address(p).value for (_name, fmt), p in zip(slots, pointers)]
+    values = [value for _name, value in _cell_values(launch.binary, argv)]
     x_words, y_words = [0, 0, 5000, 4, views["x"][0], 5000, 4], [0, 0, 5000, 4, views["y"][0], 5000, 4]
     assert values[0] == plan.field_table.address and values[1] == plan.tmp.address
     assert values[2:] == x_words + y_words + [2.5]
     device_x = np.ctypeslib.as_array((ctypes.c_float * 5000).from_address(views["x"][0]))
     assert np.array_equal(device_x, x)      # x's device copy
+
+
+def test_matrix_and_struct_arguments_fill_their_cells(fake_hip, rng):
+    """Vector, matrix and struct arguments on qd.amdgpu: checked as on CUDA (a list becomes the
+    parameter's type; a wrong value names the argument) and written one cell per element, in the
+    data model's order (structs depth first, matrices row-major), at every call."""
+    from qd_numba.targets.amdgpu import kernel as amd_kernel
+
+    @qd.kernel
+    def move(out: qd.types.ndarray(dtype=qd.f64, ndim=1), v: VEC3, m: MAT2, p: PARTICLE):
+        for i in range(out.shape[0]):
+            out[i] = v[0] * m[0, 1] + p.v[2] * p.m + p.id
+
+    out = np.zeros(100)
+    backend = amd_kernel.AmdgpuKernel(move)
+    for _ in range(2):      # the cells are rewritten at every call
+        vv, mm = rng.standard_normal(3).astype(np.float32), rng.standard_normal((2, 2))
+        pm, pid = np.float32(rng.standard_normal()), int(rng.integers(99))
+        pv = rng.standard_normal(3).astype(np.float32)
+        args = (out, vv.tolist(), mm.tolist(), PARTICLE(m=float(pm), v=pv.tolist(), id=pid))
+        plan, args, views = backend._plan(args)
+        plan.run(args, views)
+        (launch,) = plan.launches
+        cells = _cell_values(launch.binary, fake_hip.launches[-1][3])
+        by_name = {name: [value for n, value in cells if n == name] for name in ("v", "m", "p")}
+        assert by_name["v"] == vv.tolist()
+        assert by_name["m"] == mm.reshape(-1).tolist()
+        assert by_name["p"] == [float(pm), *pv.tolist(), pid]
+    with pytest.raises(qd.QuadrantsTypeError, match="argument 'p'"):
+        backend.call(out, vv.tolist(), mm.tolist(), 3.0)

@@ -95,3 +95,22 @@ def test_out_of_bounds_in_debug_mode(rng):
     with pytest.raises(qd.QuadrantsRuntimeError):
         shift(rng.random(8).astype(np.float32), np.zeros(8, np.float32))
     qd.init(arch=qd.amdgpu)
+
+
+VEC3 = qd.types.vector(3, qd.f32)
+PARTICLE = qd.types.struct(m=qd.f32, v=VEC3, id=qd.i32)
+
+
+def test_vector_matrix_and_struct_arguments(rng):
+    @qd.kernel
+    def move(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=2), v: VEC3,
+             m: qd.types.matrix(2, 2, qd.f32), p: PARTICLE):
+        for i in range(a.shape[0]):
+            for k in range(3):
+                out[i, k] = a[i] * v[k] + m[0, 1] * p.v[k] * p.m + p.id
+
+    a = rng.random(500).astype(np.float32)
+    v, m, pv = rng.random(3).astype(np.float32), rng.random((2, 2)).astype(np.float32), rng.random(3).astype(np.float32)
+    out = np.zeros((500, 3), np.float32)
+    move(a, out, v.tolist(), m.tolist(), PARTICLE(m=0.5, v=pv.tolist(), id=7))
+    np.testing.assert_allclose(out, np.outer(a, v) + m[0, 1] * pv * 0.5 + 7, rtol=1e-5)

@@ -8,8 +8,8 @@ per task. A call writes the cells of its arguments, computes the host iteration 
 in program order on the null stream, copies numpy arguments back and reads the return value.
 
 Arguments: scalars, ndarrays (numpy: copied to the device and back; ``qd.ndarray``: in place;
-objects with ``__cuda_array_interface__`` holding HIP memory: in place) and template values.
-Matrix and struct arguments are not supported on ``qd.amdgpu`` yet (QuadrantsTypeError).
+objects with ``__cuda_array_interface__`` holding HIP memory: in place), vectors, matrices and
+structs (checked as on CUDA, one cell per element in the data model's order) and template values.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class AmdgpuPlan:
             if p.kind == "ndarray":
                 address, shape, strides, itemsize, _back = views[p.name]
                 values = [0, 0, int(np.prod(shape, dtype=np.int64)), itemsize, address, *shape, *strides]
+            elif p.kind == "matrix":
+                values = a.entries.reshape(-1).tolist()
+            elif p.kind == "struct":
+                values = a._flat_tuple()
             else:
                 values = [a]
             for cell, value in zip(cells, values, strict=True):
@@ -209,7 +213,7 @@ class AmdgpuKernel(KernelBackend):
         return ns["__call__"]
 
     def call(self, *args):
-        plan, views = self._plan(args)
+        plan, args, views = self._plan(args)
         return plan.run(args, views)
 
     def tasks(self, args) -> list:
@@ -223,9 +227,12 @@ class AmdgpuKernel(KernelBackend):
         return plan.tasks, plan.fields
 
     def _plan(self, args):
+        """(plan, the arguments with vectors/matrices/structs checked and converted, ndarray views)."""
+        from ..cuda.kernel import _check_matrix
+
         kernel = self.kernel
-        param_types, templates, views, key = {}, {}, {}, []
-        for p, a in zip(kernel.params, args):
+        param_types, templates, views, key, args = {}, {}, {}, [], list(args)
+        for i, (p, a) in enumerate(zip(kernel.params, args)):
             where = f"kernel '{kernel.name}', argument '{p.name}'"
             if p.kind == "template":
                 templates[p.name] = a
@@ -234,8 +241,8 @@ class AmdgpuKernel(KernelBackend):
                 param_types[p.name], views[p.name] = _ndarray_view(where, a)
                 key.append(param_types[p.name])
             elif p.kind in ("matrix", "struct"):
-                raise QuadrantsTypeError(f"{where}: {p.kind} arguments are not supported on qd.amdgpu yet "
-                                         "(docs/amdgpu.md)")
+                args[i] = _check_matrix(kernel, p, a)
+                param_types[p.name] = p.nbtype
             else:
                 param_types[p.name] = p.nbtype
         key = tuple(key)
@@ -243,7 +250,7 @@ class AmdgpuKernel(KernelBackend):
             plan = self.plans.get(key)
             if plan is None:
                 plan = self.plans[key] = self._build(param_types, templates)
-        return plan, views
+        return plan, tuple(args), views
 
     def _build(self, param_types, templates):
         from ..cuda.plan import plan_binary

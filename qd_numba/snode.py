@@ -246,7 +246,7 @@ class Tree:
         self.root = SNode(self, "root", None)
         self.materialized = False
         self.base = None          # the host byte buffer
-        self._dev = None          # the device byte buffer (CUDA), made on first use there
+        self._dev = None          # the device byte buffer (CUDA, AMDGPU), made on first use there
         self._fields: list = []
 
     def materialize(self) -> None:
@@ -276,8 +276,8 @@ class Tree:
             self._fields.append(f)
 
     def place_on(self, arch: str) -> None:
-        """Give the tree (and each field's view) device storage on ``arch`` (CUDA), or host only."""
-        if arch != "cuda":
+        """Give the tree (and each field's view) device storage on ``arch`` (CUDA, AMDGPU), or host only."""
+        if arch not in ("cuda", "amdgpu"):
             self._dev = None
             for f in self._fields:
                 f._dev = None
@@ -287,6 +287,11 @@ class Tree:
         from .targets.base import target_for
 
         target_for(arch).place(self)
+        if arch == "amdgpu":
+            from .targets.amdgpu.runtime import tree_views
+
+            tree_views(self)
+            return
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
         start = self.base.ctypes.data
@@ -300,12 +305,12 @@ class Tree:
         return self.base
 
     def pull(self) -> None:
-        """Before host-side reads: bring the device bytes back (CUDA)."""
+        """Before host-side reads: bring the device bytes back (CUDA, AMDGPU)."""
         if self._dev is not None:
             self._dev.copy_to_host(self.base)
 
     def push(self) -> None:
-        """After host-side writes: send the bytes to the device (CUDA)."""
+        """After host-side writes: send the bytes to the device (CUDA, AMDGPU)."""
         if self._dev is not None:
             self._dev.copy_to_device(self.base)
 

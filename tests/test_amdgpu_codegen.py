@@ -407,3 +407,63 @@ def test_matrix_and_struct_arguments_fill_their_cells(fake_hip, rng):
         assert by_name["p"] == [float(pm), *pv.tolist(), pid]
     with pytest.raises(qd.QuadrantsTypeError, match="argument 'p'"):
         backend.call(out, vv.tolist(), mm.tolist(), 3.0)
+
+
+@pytest.fixture
+def on_fake_amdgpu(fake_hip, monkeypatch):
+    """``qd.init(arch=qd.amdgpu)`` over :class:`_FakeHip` (launches are recorded, not run)."""
+    from qd_numba.targets.base import target_for
+
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    qd.init(arch=qd.amdgpu)
+    yield fake_hip
+    qd.init(arch=qd.cpu)
+
+
+def _device_bytes(address, nbytes):
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address)).copy()
+
+
+def test_fields_of_snode_trees(on_fake_amdgpu, rng):
+    """Fields placed in SNode trees on qd.amdgpu: each tree is one HIP buffer, the field table
+    holds each field's address in it (AoS fields interleaved, a second tree apart), python-scope
+    writes reach the device bytes and what the device wrote is what python scope reads."""
+    a, b, c = qd.field(qd.f32), qd.field(qd.i32), qd.field(qd.f64)
+    qd.root.dense(qd.i, 16).place(a, b)
+    fb = qd.FieldsBuilder()
+    fb.dense(qd.i, 8).place(c)
+    fb.finalize()
+
+    @qd.kernel
+    def add():
+        for i in range(16):
+            a[i] += b[i] + c[i % 8]
+
+    av, bv, cv = rng.random(16).astype(np.float32), rng.integers(-50, 50, 16).astype(np.int32), rng.random(8)
+    a.from_numpy(av)
+    b.from_numpy(bv)
+    c.from_numpy(cv)
+    add()
+    (plan,) = add.backend().plans.values()
+    fields = plan.fields
+    assert {id(f) for f in fields} == {id(a), id(b), id(c)}
+    table = np.ctypeslib.as_array((ctypes.c_uint64 * 3).from_address(plan.field_table.address)).tolist()
+    for f, address in zip(fields, table):
+        tree = f._tree
+        assert address == tree._dev.address + (f._arr.ctypes.data - tree.base.ctypes.data)
+    assert a._tree is b._tree and c._tree is not a._tree
+    assert table[[id(f) for f in fields].index(id(b))] - table[[id(f) for f in fields].index(id(a))] == 4   # AoS
+    for tree in (a._tree, c._tree):     # python-scope writes were pushed
+        assert np.array_equal(_device_bytes(tree._dev.address, tree.base.nbytes), tree.base)
+    (launch,) = on_fake_amdgpu.launches
+    # the loop's count (16) is known when the kernel compiles: one block of the occupancy size
+    assert launch[0] == plan.launches[0].binary.entry_name and launch[1:3] == (1, 256)
+    # what "the device" writes (here: into its bytes directly) is what python scope reads
+    new = rng.random(16).astype(np.float32)
+    stride = a._arr.strides[0]
+    address_a = table[[id(f) for f in fields].index(id(a))]
+    for i, x in enumerate(new):
+        ctypes.c_float.from_address(address_a + i * stride).value = x
+    np.testing.assert_array_equal(a.to_numpy(), new)
+    np.testing.assert_array_equal(b.to_numpy(), bv)
+    assert c[3] == cv[3]

@@ -114,3 +114,24 @@ def test_vector_matrix_and_struct_arguments(rng):
     out = np.zeros((500, 3), np.float32)
     move(a, out, v.tolist(), m.tolist(), PARTICLE(m=0.5, v=pv.tolist(), id=7))
     np.testing.assert_allclose(out, np.outer(a, v) + m[0, 1] * pv * 0.5 + 7, rtol=1e-5)
+
+
+def test_fields_of_snode_trees(rng):
+    a, b = qd.field(qd.f32), qd.field(qd.i32)
+    qd.root.dense(qd.i, 64).place(a, b)
+    c = qd.field(qd.f64)
+    qd.root.dense(qd.ij, (8, 4)).place(c)
+
+    @qd.kernel
+    def add():
+        for i in range(64):
+            a[i] += b[i] + c[i // 8, i % 4]
+
+    av, bv, cv = rng.random(64).astype(np.float32), rng.integers(-50, 50, 64).astype(np.int32), rng.random((8, 4))
+    a.from_numpy(av)
+    b.from_numpy(bv)
+    c.from_numpy(cv)
+    add()
+    want = av + bv + cv[np.arange(64) // 8, np.arange(64) % 4]
+    np.testing.assert_allclose(a.to_numpy(), want.astype(np.float32), rtol=1e-6)
+    np.testing.assert_array_equal(b.to_numpy(), bv)

@@ -104,6 +104,8 @@ class AmdgpuPlan:
             range_index += t.kind == "range_for"
             self.launches.append(_Launch(fn, module, argv, grid, block, total_index, t))
         self.totals_fn, self.static_totals = host_totals(kernel, binary.totals, fields)
+        if binary.static_totals is not None:    # counts known when it compiled (constants, field shapes)
+            self.static_totals = binary.static_totals
         self.error_words = [(launch, rt.global_address(launch.module, launch.binary.error_symbol))
                             for launch in self.launches if launch.binary.error_symbol]
 

@@ -91,8 +91,9 @@ class HipArray:
         if getattr(self, "_owner", True) is None and HipRuntime._instance is not None:
             HipRuntime._instance.hip.hipFree(self.address)
 
-    def copy_to_host(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
+    def copy_to_host(self, out=None) -> np.ndarray:
+        """The buffer's data in a new host array, or in ``out`` (a C-contiguous array of as many bytes)."""
+        out = np.empty(self.shape, self.dtype) if out is None else out
         rt = HipRuntime.get()
         _check(rt.hip.hipMemcpyDtoH(out, self.address, self.nbytes), "hipMemcpyDtoH")
         return out
@@ -222,12 +223,23 @@ class HipRuntime:
 
 
 def ensure_device(data) -> None:
-    """Give a field/qd.ndarray its HIP buffer (from its host data, the first time). Fields of an
-    SNode tree (``qd.root.dense(...).place(...)``) are refused: their tree has no HIP storage yet."""
-    if getattr(data, "_tree", None) is not None:
-        raise QuadrantsRuntimeError(f"field {getattr(data, 'name', '') or ''!r} is placed in an SNode tree; SNode "
-                                    "trees are not supported on qd.amdgpu yet (docs/amdgpu.md)")
+    """Give a field/qd.ndarray/SNode tree its HIP buffer (from its host data, the first time). A
+    field of an SNode tree is a view of its tree's buffer (:func:`tree_views`), as on CUDA."""
+    tree = getattr(data, "_tree", None)
+    if tree is not None:
+        tree.place_on("amdgpu")
+        return
     if not isinstance(data._dev, HipArray):
         dev = HipArray(data._arr.shape, data._arr.dtype)
         dev.copy_to_device(data._arr)
         data._dev = dev
+
+
+def tree_views(tree) -> None:
+    """Give each field of an SNode tree (its ``_dev`` a HipArray of the tree's bytes) a HipArray
+    starting at the field's byte offset: the address its context slot holds. Its strides are
+    compile-time constants of the kernels (lowering/device.py); python scope reads and writes the
+    whole tree (``Tree.pull``/``push``)."""
+    start = tree.base.ctypes.data
+    for f in tree._fields:
+        f._dev = HipArray(f._arr.shape, f._arr.dtype, tree._dev.address + (f._arr.ctypes.data - start), owner=tree._dev)

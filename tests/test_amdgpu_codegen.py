@@ -276,9 +276,57 @@ class _FakeHip:
         maxThreadsPerMultiProcessor = 2048
 
     hipEventDisableTiming = 2
+    hipStreamNonBlocking = 1
 
     def __init__(self):
         self.buffers, self.launches = [], []
+        self.calls = []             # ("launch", entry, stream) and the stream/event calls, in order
+        self.flags = {}             # stream handle -> its creation flags
+        self.handles = iter(range(0x1000, 0x2000))
+
+    def hipStreamCreate(self):
+        handle = next(self.handles)
+        self.flags[handle] = 0
+        self.calls.append(("hipStreamCreate", handle))
+        return (0, handle)
+
+    def hipStreamCreateWithFlags(self, flags):
+        handle = next(self.handles)
+        self.flags[handle] = flags
+        self.calls.append(("hipStreamCreateWithFlags", handle, flags))
+        return (0, handle)
+
+    def hipStreamGetFlags(self, stream):
+        return (0, self.flags[stream])
+
+    def hipEventCreateWithFlags(self, flags):
+        handle = next(self.handles)
+        self.calls.append(("hipEventCreate", handle))
+        return (0, handle)
+
+    def hipEventRecord(self, event, stream):
+        self.calls.append(("hipEventRecord", event, stream or 0))
+        return (0,)
+
+    def hipStreamWaitEvent(self, stream, event, flags):
+        self.calls.append(("hipStreamWaitEvent", stream or 0, event))
+        return (0,)
+
+    def _call(self, name, *handles):
+        self.calls.append((name, *handles))
+        return (0,)
+
+    def hipStreamSynchronize(self, stream):
+        return self._call("hipStreamSynchronize", stream)
+
+    def hipStreamDestroy(self, stream):
+        return self._call("hipStreamDestroy", stream)
+
+    def hipEventSynchronize(self, event):
+        return self._call("hipEventSynchronize", event)
+
+    def hipEventDestroy(self, event):
+        return self._call("hipEventDestroy", event)
 
     def hipGetErrorString(self, err):
         return b"hipErrorFake"
@@ -322,6 +370,7 @@ class _FakeHip:
 
     def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         self.launches.append((fn, gx, bx, params))
+        self.calls.append(("launch", fn, stream or 0))
         return (0,)
 
 
@@ -467,3 +516,90 @@ def test_fields_of_snode_trees(on_fake_amdgpu, rng):
     np.testing.assert_array_equal(a.to_numpy(), new)
     np.testing.assert_array_equal(b.to_numpy(), bv)
     assert c[3] == cv[3]
+
+
+F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
+
+
+@qd.kernel
+def _scale(x: F32_1D, a: qd.f32):
+    for i in range(x.shape[0]):
+        x[i] *= a
+
+
+@qd.kernel
+def _pair(x: F32_1D, y: F32_1D):
+    with qd.stream_parallel():
+        for i in range(x.shape[0]):
+            x[i] += 1.0
+    with qd.stream_parallel():
+        for i in range(y.shape[0]):
+            y[i] *= 2.0
+
+
+def _since(fake, mark, names=("launch", "hipEventRecord", "hipStreamWaitEvent")):
+    return [c for c in fake.calls[mark:] if c[0] in names]
+
+
+def test_streams_and_events_through_hip(on_fake_amdgpu, rng):
+    """qd.create_stream/create_event and qd_stream= on qd.amdgpu: HIP streams and events with the
+    handles qd_numba holds; a created (blocking) stream launches with no fence, a foreign
+    non-blocking one is fenced with the null stream on both sides of the launch."""
+    fake = on_fake_amdgpu
+    x = qd.ndarray(qd.f32, 300)
+    x.from_numpy(rng.random(300).astype(np.float32))
+    _scale(x, 2.0)
+    entry = fake.calls[-1][1]
+    assert fake.calls[-1] == ("launch", entry, 0)
+    with qd.create_stream() as s, qd.create_stream() as other:
+        handles = s.handle, other.handle
+        assert ("hipStreamCreate", s.handle) in fake.calls and s.handle != other.handle != 0
+        mark = len(fake.calls)
+        _scale(x, 2.0, qd_stream=s)
+        assert _since(fake, mark) == [("launch", entry, s.handle)]
+        done = qd.create_event()
+        event = done.handle
+        assert fake.calls[-1] == ("hipEventCreate", event)
+        mark = len(fake.calls)
+        done.record(s)
+        done.wait(qd_stream=other)
+        done.synchronize()
+        other.synchronize()
+        done.destroy()
+        assert fake.calls[mark:] == [("hipEventRecord", event, s.handle), ("hipStreamWaitEvent", other.handle, event),
+                                     ("hipEventSynchronize", event), ("hipStreamSynchronize", other.handle),
+                                     ("hipEventDestroy", event)]
+    assert fake.calls[-2:] == [("hipStreamDestroy", handles[1]), ("hipStreamDestroy", handles[0])]
+    foreign = fake.hipStreamCreateWithFlags(fake.hipStreamNonBlocking)[1]
+    mark = len(fake.calls)
+    _scale(x, 0.5, qd_stream=foreign)
+    (record, wait, launch, record2, wait2) = _since(fake, mark)
+    fence = record[1]
+    assert record == ("hipEventRecord", fence, 0) and wait == ("hipStreamWaitEvent", foreign, fence)
+    assert launch == ("launch", entry, foreign)
+    assert record2 == ("hipEventRecord", fence, foreign) and wait2 == ("hipStreamWaitEvent", 0, fence)
+
+
+def test_stream_parallel_forks_and_joins_over_hip(on_fake_amdgpu, rng):
+    """Two qd.stream_parallel() blocks on qd.amdgpu: the first on the caller's stream, the second
+    on a non-blocking pool stream, forked and joined by events (as CUDA's StreamBlocks)."""
+    fake = on_fake_amdgpu
+    x, y = rng.random(1000).astype(np.float32), rng.random(500).astype(np.float32)
+    mark = len(fake.calls)
+    _pair(x, y)
+    (pool,) = [c[1] for c in fake.calls[mark:] if c[0] == "hipStreamCreateWithFlags"]
+    assert fake.flags[pool] == fake.hipStreamNonBlocking
+    (plan,) = _pair.backend().plans.values()
+    fork, join = plan.events
+    first, second = (launch.binary.entry_name for launch in plan.launches)
+
+    def fork_join(caller):
+        return [("hipEventRecord", fork, caller), ("launch", first, caller), ("hipStreamWaitEvent", pool, fork),
+                ("launch", second, pool), ("hipEventRecord", join, pool), ("hipStreamWaitEvent", caller, join)]
+
+    assert _since(fake, mark) == fork_join(0)
+    with qd.create_stream() as s:    # on a caller's stream: forked from and joined to it; the pool is reused
+        mark = len(fake.calls)
+        _pair(x, y, qd_stream=s)
+        assert _since(fake, mark) == fork_join(s.handle)
+    assert len([c for c in fake.calls if c[0] == "hipStreamCreateWithFlags"]) == 1

@@ -135,3 +135,45 @@ def test_fields_of_snode_trees(rng):
     want = av + bv + cv[np.arange(64) // 8, np.arange(64) % 4]
     np.testing.assert_allclose(a.to_numpy(), want.astype(np.float32), rtol=1e-6)
     np.testing.assert_array_equal(b.to_numpy(), bv)
+
+
+F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
+
+
+@qd.kernel
+def _pair(x: F32_1D, y: F32_1D, a: qd.f32):
+    with qd.stream_parallel():
+        for i in range(x.shape[0]):
+            x[i] = x[i] * a + 1.0
+    with qd.stream_parallel():
+        for i in range(y.shape[0]):
+            y[i] = qd.sqrt(y[i]) * a
+
+
+@qd.kernel
+def _follow(x: F32_1D, y: F32_1D, z: F32_1D):
+    for i in range(z.shape[0]):
+        z[i] = x[i] + 2.0 * y[i]
+
+
+def test_streams_events_and_stream_parallel(rng):
+    n = 1 << 14
+    x0, y0 = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
+    rx, ry = x0 * 1.5 + 1.0, np.sqrt(y0) * 1.5
+    x, y, z = qd.ndarray(qd.f32, n), qd.ndarray(qd.f32, n), qd.ndarray(qd.f32, n)
+    xh, yh = x0.copy(), y0.copy()
+    _pair(xh, yh, 1.5)                      # numpy arguments: copied back after the join
+    np.testing.assert_allclose(xh, rx, rtol=1e-6)
+    np.testing.assert_allclose(yh, ry, rtol=1e-6)
+    x.from_numpy(x0)
+    y.from_numpy(y0)
+    with qd.create_stream() as s, qd.create_stream() as other:
+        _pair(x, y, 1.5, qd_stream=s)
+        _follow(x, y, z, qd_stream=s)
+        done = qd.create_event()
+        done.record(s)
+        done.wait(qd_stream=other)
+        _follow(x, y, z, qd_stream=other)
+        other.synchronize()
+        done.destroy()
+    np.testing.assert_allclose(z.to_numpy(), rx + 2.0 * ry, rtol=1e-5)

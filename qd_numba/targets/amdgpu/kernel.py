@@ -5,7 +5,11 @@ The plan of a kernel instance mirrors the CUDA target's (targets/cuda/plan.py): 
 the same parameter slots, temporaries, return slot and host iteration counts), one ``void*[]``
 of ctypes cells per task, shared by all tasks of the kernel, and one ``hipModuleLaunchKernel``
 per task. A call writes the cells of its arguments, computes the host iteration counts, launches
-in program order on the null stream, copies numpy arguments back and reads the return value.
+in program order on the caller's stream (the null stream, or ``qd_stream=``; a non-blocking one
+is fenced with the null stream around the launches, where the copies run), copies numpy
+arguments back and reads the return value. Tasks in two or more ``qd.stream_parallel()`` groups
+fork and join over the runtime's pool of non-blocking streams as on CUDA (the program of
+targets/cuda/stream_pool.py ``launch_program``, its events recorded through HIP).
 
 Arguments: scalars, ndarrays (numpy: copied to the device and back; ``qd.ndarray``: in place;
 objects with ``__cuda_array_interface__`` holding HIP memory: in place), vectors, matrices and
@@ -108,10 +112,20 @@ class AmdgpuPlan:
             self.static_totals = binary.static_totals
         self.error_words = [(launch, rt.global_address(launch.module, launch.binary.error_symbol))
                             for launch in self.launches if launch.binary.error_symbol]
+        self.program = self.pool = self.events = None
+        groups = [t.task.stream_group for t in binary.tasks]
+        # stream_parallel() blocks fork and join, as CUDA's StreamBlocks (gradient and debug plans: in order)
+        if len(set(groups) - {0}) >= 2 and kernel.autodiff_mode is None and not self.error_words:
+            from ..cuda.stream_pool import launch_program
 
-    def run(self, args, views):
-        """Launch every task on the null stream with ``args`` (the kernel's, in order) and
-        ``views`` (param name -> (device address, shape, strides, itemsize, copy back))."""
+            self.program = launch_program(groups)
+            width = max(len(parts) for parallel, parts in self.program if parallel)
+            self.pool = rt.pool_streams(width - 1)
+            self.events = (rt.event_create(), rt.event_create())
+
+    def run(self, args, views, stream=0):
+        """Launch every task on ``stream`` (0: the null stream) with ``args`` (the kernel's, in
+        order) and ``views`` (param name -> (device address, shape, strides, itemsize, copy back))."""
         for p, a in zip(self.kernel.params, args):
             cells = self.cells.get(p.name)
             if cells is None:
@@ -128,14 +142,17 @@ class AmdgpuPlan:
             for cell, value in zip(cells, values, strict=True):
                 cell.value = value
         totals = self.static_totals if self.totals_fn is None else self.totals_fn(args)
-        for launch in self.launches:
-            grid = launch.grid
-            if launch.total_index is not None:
-                n = int(totals[launch.total_index])
-                if n <= 0:
-                    continue
-                grid = min(grid, -(-n // launch.block))
-            self.rt.launch(launch.fn, grid, launch.block, 0, ctypes.addressof(launch.argv))
+        rt = self.rt
+        nonblocking = bool(stream) and rt.stream_nonblocking(stream)
+        if nonblocking:
+            rt.fence(0, stream)
+        if self.program is None:
+            for launch in self.launches:
+                self._launch(launch, totals, stream)
+        else:
+            self._fork_join(totals, stream)
+        if nonblocking:
+            rt.fence(stream, 0)
         self._raise_recorded()
         for _name, (_address, _shape, _strides, _itemsize, back) in views.items():
             if back is not None:
@@ -145,6 +162,36 @@ class AmdgpuPlan:
         offset, dtype, count = self.binary.ret
         raw = self.tmp.copy_to_host()[offset:offset + np.dtype(dtype).itemsize * count]
         return self.read_return(raw, np.dtype(dtype), self.kernel.return_type)
+
+    def _launch(self, launch, totals, stream) -> None:
+        grid = launch.grid
+        if launch.total_index is not None:
+            n = int(totals[launch.total_index])
+            if n <= 0:
+                return
+            grid = min(grid, -(-n // launch.block))
+        self.rt.launch(launch.fn, grid, launch.block, stream, ctypes.addressof(launch.argv))
+
+    def _fork_join(self, totals, caller) -> None:
+        """The tasks of a stream_parallel() plan: a run of groups forks from the caller's stream
+        (an event the pool streams wait for), its first group on the caller's stream, its k-th
+        other group on pool stream k, each joined back by an event the caller's stream waits for."""
+        rt, (fork, join) = self.rt, self.events
+        for parallel, parts in self.program:
+            if not parallel:
+                for k in parts:
+                    self._launch(self.launches[k], totals, caller)
+                continue
+            rt.event_record(fork, caller)
+            for j, tasks in enumerate(parts):
+                stream = self.pool[j - 1] if j else caller
+                if j:
+                    rt.stream_wait_event(stream, fork)
+                for k in tasks:
+                    self._launch(self.launches[k], totals, stream)
+                if j:
+                    rt.event_record(join, stream)
+                    rt.stream_wait_event(caller, join)
 
     def _raise_recorded(self) -> None:
         """The first exception a task recorded (debug mode), as the CUDA plan raises it; every
@@ -217,6 +264,11 @@ class AmdgpuKernel(KernelBackend):
     def call(self, *args):
         plan, args, views = self._plan(args)
         return plan.run(args, views)
+
+    def call_on_stream(self, handle, args):
+        """The call with its launches on HIP stream ``handle`` (``qd_stream=``, streams.py)."""
+        plan, args, views = self._plan(args)
+        return plan.run(args, views, handle)
 
     def tasks(self, args) -> list:
         return list(self._plan(args)[0].tasks)

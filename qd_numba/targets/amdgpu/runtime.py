@@ -144,6 +144,10 @@ class HipRuntime:
         self.cu_count = int(props.multiProcessorCount)
         self.max_threads = self.cu_count * int(props.maxThreadsPerMultiProcessor)
         self.plan_builds = 0
+        self._own_streams: set[int] = set()     # the blocking streams stream_create made
+        self._pool: list[int] = []               # stream_parallel()'s non-blocking streams
+        self._fence_event = None
+        self._fence_lock = threading.Lock()
 
     @classmethod
     def get(cls) -> HipRuntime:
@@ -196,12 +200,42 @@ class HipRuntime:
         table.copy_to_device(np.array([f._dev.address for f in fields] or [0], np.uint64))
         return table
 
-    # -- streams and events (handles are ints) ------------------------------------------------------------
+    # -- streams and events (handles are ints; streams.py, stream_parallel) -----------------------------------
     def stream_create(self) -> int:
-        return int(_check(self.hip.hipStreamCreate(), "hipStreamCreate"))
+        """A blocking stream (ordered with the null stream, where qd_numba's copies run)."""
+        handle = int(_check(self.hip.hipStreamCreate(), "hipStreamCreate"))
+        self._own_streams.add(handle)
+        return handle
 
     def stream_destroy(self, handle: int) -> None:
+        self._own_streams.discard(handle)
         _check(self.hip.hipStreamDestroy(handle), "hipStreamDestroy")
+
+    def stream_nonblocking(self, handle: int) -> bool:
+        """Whether stream ``handle`` runs unordered with the null stream (created non-blocking,
+        as torch's pool streams are); streams :meth:`stream_create` made are ordered with it."""
+        if handle in self._own_streams:
+            return False
+        flags = _check(self.hip.hipStreamGetFlags(handle), "hipStreamGetFlags")
+        return bool(int(flags) & int(self.hip.hipStreamNonBlocking))
+
+    def fence(self, before: int, after: int) -> None:
+        """Order the work queued later on stream ``after`` behind the work queued so far on stream
+        ``before`` (one event, no host wait: a wait takes the event's state when it is queued)."""
+        with self._fence_lock:
+            if self._fence_event is None:
+                self._fence_event = self.event_create()
+            self.event_record(self._fence_event, before)
+            self.stream_wait_event(after, self._fence_event)
+
+    def pool_streams(self, count: int) -> list[int]:
+        """The first ``count`` non-blocking streams of stream_parallel()'s pool (created once, on
+        first need, and shared by every plan)."""
+        with self._fence_lock:
+            while len(self._pool) < count:
+                self._pool.append(int(_check(self.hip.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking),
+                                             "hipStreamCreateWithFlags(stream pool)")))
+        return self._pool[:count]
 
     def stream_synchronize(self, handle: int) -> None:
         _check(self.hip.hipStreamSynchronize(handle), "hipStreamSynchronize")

@@ -603,3 +603,40 @@ def test_stream_parallel_forks_and_joins_over_hip(on_fake_amdgpu, rng):
         _pair(x, y, qd_stream=s)
         assert _since(fake, mark) == fork_join(s.handle)
     assert len([c for c in fake.calls if c[0] == "hipStreamCreateWithFlags"]) == 1
+
+
+def test_adstacks_of_gradient_kernels(on_fake_amdgpu, rng):
+    """A gradient kernel with a loop inside its task on qd.amdgpu: before each launch its adstack
+    descriptor on the device holds a HIP heap of depth x rows words (rows: the task's saturating
+    grid), re-sized when the loop bound grows; an overflow flag the device set raises, naming the
+    kernel, and is cleared for the next launch."""
+    x = qd.field(qd.f64, shape=(8,), needs_grad=True)
+    n = qd.field(qd.i32, shape=())
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def anchor():
+        for i in x:
+            v = x[i]
+            for _ in range(n[None]):
+                v = qd.sin(v) * 1.01
+            loss[None] += v
+
+    x.from_numpy(rng.uniform(-2, 2, 8))
+    depths = []
+    for steps in (3, 9):
+        n[None] = steps
+        anchor.grad()
+        (stack,) = anchor.grad.adstacks
+        (plan,) = anchor.grad.backend().plans.values()
+        (launch,) = [la for la in plan.launches if la.binary.task.uid == stack.task_uid]
+        desc = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(stack.desc._dev.address)).tolist()
+        assert desc == [stack.heap.address, stack.depth, launch.grid * launch.block, 0]
+        assert stack.heap.size >= stack.depth * launch.grid * launch.block and stack.depth >= steps
+        depths.append(stack.depth)
+    assert depths[1] > depths[0]
+    ctypes.c_int64.from_address(stack.desc._dev.address + 24).value = 1      # the device's overflow flag
+    with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow"):
+        anchor.grad()
+    anchor.grad()
+    assert ctypes.c_int64.from_address(stack.desc._dev.address + 24).value == 0

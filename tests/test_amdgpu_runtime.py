@@ -177,3 +177,31 @@ def test_streams_events_and_stream_parallel(rng):
         other.synchronize()
         done.destroy()
     np.testing.assert_allclose(z.to_numpy(), rx + 2.0 * ry, rtol=1e-5)
+
+
+def test_gradient_through_an_adstack(rng):
+    x = qd.field(qd.f64, shape=(64,), needs_grad=True)
+    n = qd.field(qd.i32, shape=())
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def chain():
+        for i in x:
+            v = x[i]
+            for _ in range(n[None]):
+                v = qd.sin(v) * 1.01
+            loss[None] += v
+
+    xs = rng.uniform(-2, 2, 64)
+    for steps in (1, 7):
+        n[None] = steps
+        x.from_numpy(xs)
+        loss[None] = 0.0
+        with qd.ad.Tape(loss=loss):
+            chain()
+        v, grad = xs.copy(), np.ones_like(xs)
+        for _ in range(steps):
+            grad *= np.cos(v) * 1.01
+            v = np.sin(v) * 1.01
+        assert loss[None] == pytest.approx(v.sum(), rel=1e-12)
+        np.testing.assert_allclose(x.grad.to_numpy(), grad, rtol=1e-10)

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba.core import types
 
-from ... import config, profiler
+from ... import adstack, config, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
 from ...frontend.args import template_key
@@ -80,7 +80,7 @@ class _Launch:
 class AmdgpuPlan:
     """One kernel instance on AMDGPU, built once and replayed on every call."""
 
-    def __init__(self, kernel, binary, fields, functions):
+    def __init__(self, kernel, binary, fields, functions, adstacks=None):
         from ..cuda import tasks as cuda_tasks
         from ..cuda.plan import _CTYPES, host_totals, read_return
 
@@ -122,6 +122,9 @@ class AmdgpuPlan:
             width = max(len(parts) for parallel, parts in self.program if parallel)
             self.pool = rt.pool_streams(width - 1)
             self.events = (rt.event_create(), rt.event_create())
+        if adstacks:    # a gradient kernel with loops inside a task: its adstacks sized per launch
+            rows = {launch.binary.task.uid: launch.grid * launch.block for launch in self.launches}
+            self.run = adstack.wrap_sync_run(self.run, adstacks, kernel, self.fields, rows.__getitem__, _heap)
 
     def run(self, args, views, stream=0):
         """Launch every task on ``stream`` (0: the null stream) with ``args`` (the kernel's, in
@@ -210,6 +213,12 @@ class AmdgpuPlan:
             where = f" (task {launch.binary.task.name}" + (f", {line}" if line else "") + ")"
             err = self.kernel.runtime_error(cls(*exc_args) if exc_args else cls())
             raise type(err)(f"{err}{where}") from None
+
+
+def _heap(words: int):
+    """(HIP buffer, address) of an adstack heap of ``words`` int64 words."""
+    buf = HipArray((words,), np.int64)
+    return buf, buf.address
 
 
 def _ndarray_view(where, a):
@@ -327,4 +336,4 @@ class AmdgpuKernel(KernelBackend):
             raise err from None
         rt.plan_builds += 1
         kernel.compile_count += 1
-        return AmdgpuPlan(kernel, binary, state.hidden, functions)
+        return AmdgpuPlan(kernel, binary, state.hidden, functions, state.adstacks)

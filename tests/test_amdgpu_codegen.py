@@ -360,6 +360,7 @@ class _FakeHip:
         return (0,)
 
     def hipModuleLoadData(self, image):
+        self.calls.append(("hipModuleLoadData", image))
         return (0, ("module", image))
 
     def hipModuleGetFunction(self, module, name):
@@ -640,3 +641,60 @@ def test_adstacks_of_gradient_kernels(on_fake_amdgpu, rng):
         anchor.grad()
     anchor.grad()
     assert ctypes.c_int64.from_address(stack.desc._dev.address + 24).value == 0
+
+
+CACHED_SOURCE = """
+@qd.kernel
+def scale(a: qd.f32):
+    for i in x:
+        y[i] = x[i] * a
+"""
+
+
+def test_offline_cache_of_code_objects(fake_hip, monkeypatch, tmp_path, rng):
+    """The offline cache on qd.amdgpu: a kernel compiled once is, in a fresh process (nothing
+    loaded, new fields of the same layout), loaded from its entry: no compile, the same code
+    objects handed to hipModuleLoadData, the new fields in the field table. Keys differ by
+    processor."""
+    import textwrap
+
+    from qd_numba import offline_cache
+    from qd_numba.targets.base import target_for
+
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    options = {"arch": qd.amdgpu, "offline_cache": True, "offline_cache_file_path": str(tmp_path)}
+
+    def define():
+        ns = {"qd": qd, "x": qd.field(qd.f32, shape=64), "y": qd.field(qd.f32, shape=64), "__name__": "amd_cached"}
+        exec(compile(textwrap.dedent(CACHED_SOURCE), "<cell>", "exec"), ns)
+        ns["x"].from_numpy(rng.random(64).astype(np.float32))
+        return ns
+
+    def loads(mark):
+        return [c[1] for c in fake_hip.calls[mark:] if c[0] == "hipModuleLoadData"]
+
+    try:
+        qd.init(**options)
+        offline_cache.stats.__init__()
+        ns = define()
+        ns["scale"](2.0)
+        compiled_images = loads(0)
+        assert ns["scale"].compile_count == 1 and len(compiled_images) == 1
+        assert len(list(tmp_path.rglob("*" + offline_cache.SUFFIX))) == 1
+        offline_cache._loaded.clear()       # a fresh process
+        qd.init(**options)
+        offline_cache.stats.__init__()
+        mark = len(fake_hip.calls)
+        ns = define()
+        ns["scale"](3.0)
+        assert ns["scale"].compile_count == 0 and offline_cache.stats.hits == 1
+        assert loads(mark) == compiled_images
+        (plan,) = ns["scale"].backend().plans.values()
+        table = np.ctypeslib.as_array((ctypes.c_uint64 * 2).from_address(plan.field_table.address)).tolist()
+        assert sorted(table) == sorted([ns["x"]._dev.address, ns["y"]._dev.address])
+    finally:
+        offline_cache._loaded.clear()
+        qd.init(arch=qd.cpu)
+    toolchain = Toolchain.current()
+    assert toolchain.cache_target("gfx942") != toolchain.cache_target("gfx90a")
+    assert toolchain.cache_target("gfx942").startswith("amdgpu-gfx942-llvm")

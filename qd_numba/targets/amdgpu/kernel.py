@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba.core import types
 
-from ... import adstack, config, profiler
+from ... import adstack, config, offline_cache, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
 from ...frontend.args import template_key
@@ -316,6 +316,9 @@ class AmdgpuKernel(KernelBackend):
         return plan, tuple(args), views
 
     def _build(self, param_types, templates):
+        """The plan of an argument spec: from the offline cache (code objects loaded, no frontend,
+        no compile) or compiled, and then written to the cache, as on CUDA (targets/cuda/plan.py
+        ``build_plan``: the same :class:`PlanBinary`, code objects in place of cubins)."""
         from ..cuda.plan import plan_binary
 
         kernel = self.kernel
@@ -323,10 +326,19 @@ class AmdgpuKernel(KernelBackend):
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "amdgpu"):
                 toolchain = Toolchain.current()
+                target = toolchain.cache_target(rt.arch)
+                cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+                place = offline_cache.lookup(kernel, param_types, templates, cfg, target)
+                if place is not None:
+                    with profiler.stage("offline cache load"):
+                        loaded = offline_cache.load(place, _load_modules)
+                    if loaded is not None:
+                        binary, hidden_paths, functions = loaded
+                        return AmdgpuPlan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
                 toolchain.require_linker()
                 state, plan_ir, compiled, temp_types = compile_kernel(kernel, param_types, templates, toolchain)
                 per_device = [(unit, tk, c[rt.arch]) for unit, tk, c in compiled]
-                binary = plan_binary(kernel, state, plan_ir, per_device, temp_types, f"amdgpu-{rt.arch}")
+                binary = plan_binary(kernel, state, plan_ir, per_device, temp_types, target)
                 with profiler.stage("module load"):
                     functions = [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
         except Exception as e:
@@ -336,4 +348,20 @@ class AmdgpuKernel(KernelBackend):
             raise err from None
         rt.plan_builds += 1
         kernel.compile_count += 1
+        # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
+        hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
+        if hidden_paths is not None:
+            offline_cache.store(place, (binary, hidden_paths), (binary, hidden_paths, functions))
         return AmdgpuPlan(kernel, binary, state.hidden, functions, state.adstacks)
+
+
+def _load_modules(payload) -> tuple:
+    """(PlanBinary, hidden-field paths, (module, function) per task) of a cache entry: its code
+    objects loaded (one HIP refuses is a bad entry)."""
+    from ..cuda.plan import PlanBinary
+
+    binary, hidden_paths = payload
+    if not isinstance(binary, PlanBinary):
+        raise TypeError(f"not an AMDGPU plan: {type(binary).__name__}")
+    rt = HipRuntime.get()
+    return binary, hidden_paths, [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]

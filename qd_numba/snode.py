@@ -287,10 +287,7 @@ class Tree:
         from .targets.base import target_for
 
         target_for(arch).place(self)
-        if arch == "amdgpu":
-            from .targets.amdgpu.runtime import tree_views
-
-            tree_views(self)
+        if arch == "amdgpu":    # its place() gave each field its view too (targets/amdgpu/runtime.py)
             return
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
 

@@ -257,8 +257,9 @@ class HipRuntime:
 
 
 def ensure_device(data) -> None:
-    """Give a field/qd.ndarray/SNode tree its HIP buffer (from its host data, the first time). A
-    field of an SNode tree is a view of its tree's buffer (:func:`tree_views`), as on CUDA."""
+    """Give a field/qd.ndarray/SNode tree (snode.py ``Tree``) its HIP buffer (from its host data,
+    the first time). A field of an SNode tree is a view of its tree's buffer (:func:`tree_views`),
+    as on CUDA."""
     tree = getattr(data, "_tree", None)
     if tree is not None:
         tree.place_on("amdgpu")
@@ -267,6 +268,8 @@ def ensure_device(data) -> None:
         dev = HipArray(data._arr.shape, data._arr.dtype)
         dev.copy_to_device(data._arr)
         data._dev = dev
+        if getattr(data, "_fields", None) is not None:     # a tree: its fields' views
+            tree_views(data)
 
 
 def tree_views(tree) -> None:

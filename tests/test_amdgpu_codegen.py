@@ -493,7 +493,10 @@ def test_fields_of_snode_trees(on_fake_amdgpu, rng):
     a.from_numpy(av)
     b.from_numpy(bv)
     c.from_numpy(cv)
+    generations = a._gen, b._gen, c._gen
     add()
+    # a launch gives what it writes (a, not b or c) a new write generation (adstack sizes are cached on them)
+    assert a._gen > max(generations) and (b._gen, c._gen) == generations[1:]
     (plan,) = add.backend().plans.values()
     fields = plan.fields
     assert {id(f) for f in fields} == {id(a), id(b), id(c)}

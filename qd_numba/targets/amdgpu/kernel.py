@@ -27,7 +27,7 @@ from numba.core import types
 
 from ... import adstack, config, offline_cache, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
-from ...field import Ndarray
+from ...field import Ndarray, next_generation, written_by
 from ...frontend.args import template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
@@ -112,6 +112,11 @@ class AmdgpuPlan:
             self.static_totals = binary.static_totals
         self.error_words = [(launch, rt.global_address(launch.module, launch.binary.error_symbol))
                             for launch in self.launches if launch.binary.error_symbol]
+        runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
+        written, written_args = written_by(self.tasks, len(runtime_positions), self.fields,
+                                           kernel.autodiff_mode == "reverse")
+        # what a launch writes gets a new write generation (field.py; adstack sizes are cached on them)
+        self.written, self.written_args = written, tuple(runtime_positions[r] for r in written_args)
         self.program = self.pool = self.events = None
         groups = [t.task.stream_group for t in binary.tasks]
         # stream_parallel() blocks fork and join, as CUDA's StreamBlocks (gradient and debug plans: in order)
@@ -156,6 +161,11 @@ class AmdgpuPlan:
             self._fork_join(totals, stream)
         if nonblocking:
             rt.fence(stream, 0)
+        for f in self.written:
+            f._gen = next_generation()
+        for i in self.written_args:
+            if type(args[i]) is Ndarray:
+                args[i]._gen = next_generation()
         self._raise_recorded()
         for _name, (_address, _shape, _strides, _itemsize, back) in views.items():
             if back is not None:

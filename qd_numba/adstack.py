@@ -491,6 +491,31 @@ def wrap_cuda_run(run, adstacks, kernel, hidden, rows_of, rt):
     return launch
 
 
+def wrap_sync_run(run, adstacks, kernel, hidden, rows_of, alloc):
+    """The runner ``run(args, *rest)`` of a gradient kernel with adstacks on a target whose copies
+    wait for the device (AMDGPU, targets/amdgpu/kernel.py): before the launch the descriptor goes
+    up with the field's own copy when it changed, after it the flag comes back and a set one
+    raises at once. ``alloc(words)``: (device buffer, address) of a heap; ``hidden``, ``rows_of``
+    as :func:`wrap_cuda_run`'s."""
+    runtime = [k for k, p in enumerate(kernel.params) if p.kind != "template"]
+    _bind(adstacks, kernel, hidden)
+
+    def launch(args, *rest):
+        def leaf(k):
+            return args[runtime[k]] if k < len(runtime) else hidden[k - len(runtime)]
+
+        for stack in adstacks:
+            stack.prepare(leaf, rows_of(stack.task_uid), alloc)
+        out = run(args, *rest)
+        for stack in adstacks:
+            if stack.desc.to_numpy()[3] != 0:
+                stack.written = None    # the next launch writes the descriptor again, its flag cleared
+                raise stack._overflow(stack.depth, stack._source())
+        return out
+
+    return launch
+
+
 def _bind(adstacks, kernel, fields) -> None:
     kernel.adstacks = list(adstacks)
     params = tuple((p.annotation, p.kind) for p in kernel.params if p.kind != "template")

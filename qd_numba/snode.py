@@ -277,7 +277,7 @@ class Tree:
         self.root = SNode(self, "root", None)
         self.materialized = False
         self.base = None          # the host byte buffer
-        self._dev = None          # the device byte buffer (CUDA), made on first use there
+        self._dev = None          # the device byte buffer (CUDA, AMDGPU), made on first use there
         self._fields: list = []
 
     def materialize(self) -> None:
@@ -364,8 +364,8 @@ class Tree:
                              pointer._capacity, pointer)
 
     def place_on(self, arch: str) -> None:
-        """Give the tree (and each field's view) device storage on ``arch`` (CUDA), or host only."""
-        if arch != "cuda":
+        """Give the tree (and each field's view) device storage on ``arch`` (CUDA, AMDGPU), or host only."""
+        if arch not in ("cuda", "amdgpu"):
             self._dev = None
             for f in self._fields:
                 f._dev = None
@@ -375,6 +375,8 @@ class Tree:
         from .targets.base import target_for
 
         target_for(arch).place(self)
+        if arch == "amdgpu":    # its place() gave each field its view too (targets/amdgpu/runtime.py)
+            return
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
         start = self.base.ctypes.data
@@ -388,8 +390,8 @@ class Tree:
         return self.base
 
     def pull(self) -> None:
-        """Before host-side reads: bring the device bytes back (CUDA); a pointer node's pool that
-        ran out of blocks is an error here."""
+        """Before host-side reads: bring the device bytes back (CUDA, AMDGPU); a pointer node's pool
+        that ran out of blocks is an error here."""
         if self._dev is not None:
             self._dev.copy_to_host(self.base)
         for node in self.root._walk():
@@ -397,7 +399,7 @@ class Tree:
                 check_pool(node)
 
     def push(self) -> None:
-        """After host-side writes: send the bytes to the device (CUDA)."""
+        """After host-side writes: send the bytes to the device (CUDA, AMDGPU)."""
         if self._dev is not None:
             self._dev.copy_to_device(self.base)
 

@@ -1,7 +1,8 @@
 """Explicit streams and events: ``qd.create_stream``, ``qd.create_event``, ``qd_stream=``.
 
-A :class:`Stream` or :class:`Event` holds a CUDA driver handle (an int) created on the CUDA target;
-on other targets it holds 0 and every method does nothing (kernels there run synchronously). A
+A :class:`Stream` or :class:`Event` holds a driver handle (an int) created on a GPU target (CUDA;
+AMDGPU: a HIP stream or event); on the CPU it holds 0 and every method does nothing (kernels
+there run synchronously). A
 kernel call with ``qd_stream=s`` leaves the generated ``__call__`` through its unknown-keyword
 branch (kernel.py), so calls without it pay nothing; :func:`call_on_stream` checks the call and
 hands the stream's handle to the backend's ``call_on_stream``.
@@ -22,8 +23,14 @@ from .graph import stream_error
 
 
 def _cuda_runtime():
-    """The CUDA runtime when the current arch is CUDA, else None (streams are no-ops)."""
-    if config.current.arch != "cuda":
+    """The GPU runtime of the current arch (CUDA's, or AMDGPU's: HIP, with the same stream and event
+    methods), else None (streams are no-ops)."""
+    arch = config.current.arch
+    if arch == "amdgpu":
+        from .targets.amdgpu.runtime import HipRuntime
+
+        return HipRuntime.get()
+    if arch != "cuda":
         return None
     from .targets.cuda.runtime import CudaRuntime
 
@@ -132,13 +139,13 @@ class Event:
 
 
 def create_stream() -> Stream:
-    """A new stream (CUDA: a blocking stream; other targets: a no-op stream)."""
+    """A new stream (CUDA, AMDGPU: a blocking stream; the CPU: a no-op stream)."""
     rt = _cuda_runtime()
     return Stream(rt.stream_create(), owned=True) if rt is not None else Stream()
 
 
 def create_event() -> Event:
-    """A new event (CUDA: without timing; other targets: a no-op event)."""
+    """A new event (CUDA, AMDGPU: without timing; the CPU: a no-op event)."""
     rt = _cuda_runtime()
     return Event(rt.event_create(), owned=True) if rt is not None else Event()
 

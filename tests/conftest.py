@@ -32,11 +32,15 @@ if numba_cuda_importable():
 
 
 # the AMDGPU compile check (QD_AMDGPU_COMPILE_CHECK) of the whole suite would add minutes (an LLVM
-# AMDGPU codegen per task, ~0.4 s per kernel on 2 loaded cores), so it runs on these files only:
-# every kind of task (range-for, serial, reduction), loop shapes, atomics, math and debug-mode
-# checks (docs/amdgpu.md). QD_AMDGPU_COMPILE_CHECK=1 turns it on for every file, =0 off.
+# AMDGPU codegen and a link per task, ~0.5 s on 2 loaded cores), so it runs on these files only:
+# every kind of task (range-for, serial, reduction), loop shapes, atomics, math, debug-mode checks,
+# fields and SNode trees, structs and vectors, random numbers, functions and gradient kernels
+# (~250 kernels, ~2 min of codegen on one loaded core: docs/amdgpu.md). QD_AMDGPU_COMPILE_CHECK=1
+# turns it on for every file, =0 off.
 AMDGPU_COMPILE_CHECK_FILES = {"test_loops.py", "test_reductions.py", "test_atomics.py", "test_assert.py",
-                              "test_amdgpu_codegen.py"}
+                              "test_amdgpu_codegen.py", "test_array_access.py", "test_autodiff.py", "test_fields.py",
+                              "test_funcs.py", "test_math_ops.py", "test_random.py", "test_real_func.py",
+                              "test_snode.py", "test_struct.py", "test_vectors_in_kernels.py"}
 
 
 def pytest_addoption(parser):

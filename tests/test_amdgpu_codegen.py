@@ -31,6 +31,9 @@ if not numba_cuda_importable():  # pragma: no cover - CI without the cuda extra
 F32 = types.float32[::1]
 F64 = types.float64[::1]
 LLD = Toolchain.current().lld
+VEC3 = qd.types.vector(3, qd.f32)
+MAT2 = qd.types.matrix(2, 2, qd.f64)
+PARTICLE = qd.types.struct(m=qd.f32, v=VEC3, id=qd.i32)
 
 
 def _compile(kernel, param_types, templates=None):
@@ -273,9 +276,57 @@ class _FakeHip:
         maxThreadsPerMultiProcessor = 2048
 
     hipEventDisableTiming = 2
+    hipStreamNonBlocking = 1
 
     def __init__(self):
         self.buffers, self.launches = [], []
+        self.calls = []             # ("launch", entry, stream) and the stream/event calls, in order
+        self.flags = {}             # stream handle -> its creation flags
+        self.handles = iter(range(0x1000, 0x2000))
+
+    def hipStreamCreate(self):
+        handle = next(self.handles)
+        self.flags[handle] = 0
+        self.calls.append(("hipStreamCreate", handle))
+        return (0, handle)
+
+    def hipStreamCreateWithFlags(self, flags):
+        handle = next(self.handles)
+        self.flags[handle] = flags
+        self.calls.append(("hipStreamCreateWithFlags", handle, flags))
+        return (0, handle)
+
+    def hipStreamGetFlags(self, stream):
+        return (0, self.flags[stream])
+
+    def hipEventCreateWithFlags(self, flags):
+        handle = next(self.handles)
+        self.calls.append(("hipEventCreate", handle))
+        return (0, handle)
+
+    def hipEventRecord(self, event, stream):
+        self.calls.append(("hipEventRecord", event, stream or 0))
+        return (0,)
+
+    def hipStreamWaitEvent(self, stream, event, flags):
+        self.calls.append(("hipStreamWaitEvent", stream or 0, event))
+        return (0,)
+
+    def _call(self, name, *handles):
+        self.calls.append((name, *handles))
+        return (0,)
+
+    def hipStreamSynchronize(self, stream):
+        return self._call("hipStreamSynchronize", stream)
+
+    def hipStreamDestroy(self, stream):
+        return self._call("hipStreamDestroy", stream)
+
+    def hipEventSynchronize(self, event):
+        return self._call("hipEventSynchronize", event)
+
+    def hipEventDestroy(self, event):
+        return self._call("hipEventDestroy", event)
 
     def hipGetErrorString(self, err):
         return b"hipErrorFake"
@@ -309,6 +360,7 @@ class _FakeHip:
         return (0,)
 
     def hipModuleLoadData(self, image):
+        self.calls.append(("hipModuleLoadData", image))
         return (0, ("module", image))
 
     def hipModuleGetFunction(self, module, name):
@@ -319,15 +371,13 @@ class _FakeHip:
 
     def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         self.launches.append((fn, gx, bx, params))
+        self.calls.append(("launch", fn, stream or 0))
         return (0,)
 
 
-def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
-    """The AMDGPU launch plan over a stand-in for hip-python: one hipModuleLaunchKernel per task
-    with the task's grid and block and a void*[] whose cells hold the kernel's arguments in the
-    kernarg layout (field table, temporaries, then each array as meminfo, parent, nitems,
-    itemsize, data, shape, strides, and the scalars)."""
-    from qd_numba.targets.amdgpu import kernel as amd_kernel
+@pytest.fixture
+def fake_hip(monkeypatch):
+    """The AMDGPU runtime over :class:`_FakeHip` (no linker needed: modules are not loaded)."""
     from qd_numba.targets.amdgpu import runtime as amd_runtime
 
     fake = _FakeHip()
@@ -335,6 +385,27 @@ def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
     monkeypatch.setattr(amd_runtime, "_hip_library_loads", lambda: True)
     monkeypatch.setattr(amd_runtime.HipRuntime, "_instance", None)
     monkeypatch.setattr(Toolchain, "require_linker", lambda self: None)
+    return fake
+
+
+_FMT_CTYPES = {"Q": ctypes.c_uint64, "q": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float,
+               "d": ctypes.c_double}
+
+
+def _cell_values(binary, argv):
+    """(argument name, value) per kernel parameter slot of a recorded launch's void*[]."""
+    pointers = (ctypes.c_void_p * len(binary.slots)).from_address(argv)
+    return [(name, _FMT_CTYPES[fmt].from_address(p).value) for (name, fmt), p in zip(binary.slots, pointers)]
+
+
+def test_launch_plan_packs_hip_arguments(fake_hip, rng):
+    """The AMDGPU launch plan over a stand-in for hip-python: one hipModuleLaunchKernel per task
+    with the task's grid and block and a void*[] whose cells hold the kernel's arguments in the
+    kernarg layout (field table, temporaries, then each array as meminfo, parent, nitems,
+    itemsize, data, shape, strides, and the scalars)."""
+    from qd_numba.targets.amdgpu import kernel as amd_kernel
+
+    fake = fake_hip
 
     @qd.kernel
     def axpy(x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1), a: qd.f32):
@@ -343,19 +414,290 @@ def test_launch_plan_packs_hip_arguments(monkeypatch, rng):
 
     x, y = rng.random(5000).astype(np.float32), rng.random(5000).astype(np.float32)
     backend = amd_kernel.AmdgpuKernel(axpy)
-    plan, views = backend._plan((x, y, 2.5))
+    plan, _args, views = backend._plan((x, y, 2.5))
     (launch,) = plan.launches
     assert launch.binary.kind == "range_for" and launch.block == 256
     assert launch.grid == 304 * 2048 // 256                 # the saturating grid
     plan.run((x, y, 2.5), views)
     (fn, grid, block, argv) = fake.launches[-1]
     assert fn == launch.binary.entry_name and block == 256 and grid == -(-5000 // 256)
-    slots = launch.binary.slots
-    pointers = (ctypes.c_void_p * len(slots)).from_address(argv)
-    fmt_ctypes = {"Q": ctypes.c_uint64, "q": ctypes.c_int64, "f": ctypes.c_float}
-    values = [fmt_ctypes[fmt].from_address(p).value for (_name, fmt), p in zip(slots, pointers)]
+    values = [value for _name, value in _cell_values(launch.binary, argv)]
     x_words, y_words = [0, 0, 5000, 4, views["x"][0], 5000, 4], [0, 0, 5000, 4, views["y"][0], 5000, 4]
     assert values[0] == plan.field_table.address and values[1] == plan.tmp.address
     assert values[2:] == x_words + y_words + [2.5]
     device_x = np.ctypeslib.as_array((ctypes.c_float * 5000).from_address(views["x"][0]))
     assert np.array_equal(device_x, x)      # x's device copy
+
+
+def test_matrix_and_struct_arguments_fill_their_cells(fake_hip, rng):
+    """Vector, matrix and struct arguments on qd.amdgpu: checked as on CUDA (a list becomes the
+    parameter's type; a wrong value names the argument) and written one cell per element, in the
+    data model's order (structs depth first, matrices row-major), at every call."""
+    from qd_numba.targets.amdgpu import kernel as amd_kernel
+
+    @qd.kernel
+    def move(out: qd.types.ndarray(dtype=qd.f64, ndim=1), v: VEC3, m: MAT2, p: PARTICLE):
+        for i in range(out.shape[0]):
+            out[i] = v[0] * m[0, 1] + p.v[2] * p.m + p.id
+
+    out = np.zeros(100)
+    backend = amd_kernel.AmdgpuKernel(move)
+    for _ in range(2):      # the cells are rewritten at every call
+        vv, mm = rng.standard_normal(3).astype(np.float32), rng.standard_normal((2, 2))
+        pm, pid = np.float32(rng.standard_normal()), int(rng.integers(99))
+        pv = rng.standard_normal(3).astype(np.float32)
+        args = (out, vv.tolist(), mm.tolist(), PARTICLE(m=float(pm), v=pv.tolist(), id=pid))
+        plan, args, views = backend._plan(args)
+        plan.run(args, views)
+        (launch,) = plan.launches
+        cells = _cell_values(launch.binary, fake_hip.launches[-1][3])
+        by_name = {name: [value for n, value in cells if n == name] for name in ("v", "m", "p")}
+        assert by_name["v"] == vv.tolist()
+        assert by_name["m"] == mm.reshape(-1).tolist()
+        assert by_name["p"] == [float(pm), *pv.tolist(), pid]
+    with pytest.raises(qd.QuadrantsTypeError, match="argument 'p'"):
+        backend.call(out, vv.tolist(), mm.tolist(), 3.0)
+
+
+@pytest.fixture
+def on_fake_amdgpu(fake_hip, monkeypatch):
+    """``qd.init(arch=qd.amdgpu)`` over :class:`_FakeHip` (launches are recorded, not run)."""
+    from qd_numba.targets.base import target_for
+
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    qd.init(arch=qd.amdgpu)
+    yield fake_hip
+    qd.init(arch=qd.cpu)
+
+
+def _device_bytes(address, nbytes):
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address)).copy()
+
+
+def test_fields_of_snode_trees(on_fake_amdgpu, rng):
+    """Fields placed in SNode trees on qd.amdgpu: each tree is one HIP buffer, the field table
+    holds each field's address in it (AoS fields interleaved, a second tree apart), python-scope
+    writes reach the device bytes and what the device wrote is what python scope reads."""
+    a, b, c = qd.field(qd.f32), qd.field(qd.i32), qd.field(qd.f64)
+    qd.root.dense(qd.i, 16).place(a, b)
+    fb = qd.FieldsBuilder()
+    fb.dense(qd.i, 8).place(c)
+    fb.finalize()
+
+    @qd.kernel
+    def add():
+        for i in range(16):
+            a[i] += b[i] + c[i % 8]
+
+    av, bv, cv = rng.random(16).astype(np.float32), rng.integers(-50, 50, 16).astype(np.int32), rng.random(8)
+    a.from_numpy(av)
+    b.from_numpy(bv)
+    c.from_numpy(cv)
+    generations = a._gen, b._gen, c._gen
+    add()
+    # a launch gives what it writes (a, not b or c) a new write generation (adstack sizes are cached on them)
+    assert a._gen > max(generations) and (b._gen, c._gen) == generations[1:]
+    (plan,) = add.backend().plans.values()
+    fields = plan.fields
+    assert {id(f) for f in fields} == {id(a), id(b), id(c)}
+    table = np.ctypeslib.as_array((ctypes.c_uint64 * 3).from_address(plan.field_table.address)).tolist()
+    for f, address in zip(fields, table):
+        tree = f._tree
+        assert address == tree._dev.address + (f._arr.ctypes.data - tree.base.ctypes.data)
+    assert a._tree is b._tree and c._tree is not a._tree
+    assert table[[id(f) for f in fields].index(id(b))] - table[[id(f) for f in fields].index(id(a))] == 4   # AoS
+    for tree in (a._tree, c._tree):     # python-scope writes were pushed
+        assert np.array_equal(_device_bytes(tree._dev.address, tree.base.nbytes), tree.base)
+    (launch,) = on_fake_amdgpu.launches
+    # the loop's count (16) is known when the kernel compiles: one block of the occupancy size
+    assert launch[0] == plan.launches[0].binary.entry_name and launch[1:3] == (1, 256)
+    # what "the device" writes (here: into its bytes directly) is what python scope reads
+    new = rng.random(16).astype(np.float32)
+    stride = a._arr.strides[0]
+    address_a = table[[id(f) for f in fields].index(id(a))]
+    for i, x in enumerate(new):
+        ctypes.c_float.from_address(address_a + i * stride).value = x
+    np.testing.assert_array_equal(a.to_numpy(), new)
+    np.testing.assert_array_equal(b.to_numpy(), bv)
+    assert c[3] == cv[3]
+
+
+F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
+
+
+@qd.kernel
+def _scale(x: F32_1D, a: qd.f32):
+    for i in range(x.shape[0]):
+        x[i] *= a
+
+
+@qd.kernel
+def _pair(x: F32_1D, y: F32_1D):
+    with qd.stream_parallel():
+        for i in range(x.shape[0]):
+            x[i] += 1.0
+    with qd.stream_parallel():
+        for i in range(y.shape[0]):
+            y[i] *= 2.0
+
+
+def _since(fake, mark, names=("launch", "hipEventRecord", "hipStreamWaitEvent")):
+    return [c for c in fake.calls[mark:] if c[0] in names]
+
+
+def test_streams_and_events_through_hip(on_fake_amdgpu, rng):
+    """qd.create_stream/create_event and qd_stream= on qd.amdgpu: HIP streams and events with the
+    handles qd_numba holds; a created (blocking) stream launches with no fence, a foreign
+    non-blocking one is fenced with the null stream on both sides of the launch."""
+    fake = on_fake_amdgpu
+    x = qd.ndarray(qd.f32, 300)
+    x.from_numpy(rng.random(300).astype(np.float32))
+    _scale(x, 2.0)
+    entry = fake.calls[-1][1]
+    assert fake.calls[-1] == ("launch", entry, 0)
+    with qd.create_stream() as s, qd.create_stream() as other:
+        handles = s.handle, other.handle
+        assert ("hipStreamCreate", s.handle) in fake.calls and s.handle != other.handle != 0
+        mark = len(fake.calls)
+        _scale(x, 2.0, qd_stream=s)
+        assert _since(fake, mark) == [("launch", entry, s.handle)]
+        done = qd.create_event()
+        event = done.handle
+        assert fake.calls[-1] == ("hipEventCreate", event)
+        mark = len(fake.calls)
+        done.record(s)
+        done.wait(qd_stream=other)
+        done.synchronize()
+        other.synchronize()
+        done.destroy()
+        assert fake.calls[mark:] == [("hipEventRecord", event, s.handle), ("hipStreamWaitEvent", other.handle, event),
+                                     ("hipEventSynchronize", event), ("hipStreamSynchronize", other.handle),
+                                     ("hipEventDestroy", event)]
+    assert fake.calls[-2:] == [("hipStreamDestroy", handles[1]), ("hipStreamDestroy", handles[0])]
+    foreign = fake.hipStreamCreateWithFlags(fake.hipStreamNonBlocking)[1]
+    mark = len(fake.calls)
+    _scale(x, 0.5, qd_stream=foreign)
+    (record, wait, launch, record2, wait2) = _since(fake, mark)
+    fence = record[1]
+    assert record == ("hipEventRecord", fence, 0) and wait == ("hipStreamWaitEvent", foreign, fence)
+    assert launch == ("launch", entry, foreign)
+    assert record2 == ("hipEventRecord", fence, foreign) and wait2 == ("hipStreamWaitEvent", 0, fence)
+
+
+def test_stream_parallel_forks_and_joins_over_hip(on_fake_amdgpu, rng):
+    """Two qd.stream_parallel() blocks on qd.amdgpu: the first on the caller's stream, the second
+    on a non-blocking pool stream, forked and joined by events (as CUDA's StreamBlocks)."""
+    fake = on_fake_amdgpu
+    x, y = rng.random(1000).astype(np.float32), rng.random(500).astype(np.float32)
+    mark = len(fake.calls)
+    _pair(x, y)
+    (pool,) = [c[1] for c in fake.calls[mark:] if c[0] == "hipStreamCreateWithFlags"]
+    assert fake.flags[pool] == fake.hipStreamNonBlocking
+    (plan,) = _pair.backend().plans.values()
+    fork, join = plan.events
+    first, second = (launch.binary.entry_name for launch in plan.launches)
+
+    def fork_join(caller):
+        return [("hipEventRecord", fork, caller), ("launch", first, caller), ("hipStreamWaitEvent", pool, fork),
+                ("launch", second, pool), ("hipEventRecord", join, pool), ("hipStreamWaitEvent", caller, join)]
+
+    assert _since(fake, mark) == fork_join(0)
+    with qd.create_stream() as s:    # on a caller's stream: forked from and joined to it; the pool is reused
+        mark = len(fake.calls)
+        _pair(x, y, qd_stream=s)
+        assert _since(fake, mark) == fork_join(s.handle)
+    assert len([c for c in fake.calls if c[0] == "hipStreamCreateWithFlags"]) == 1
+
+
+def test_adstacks_of_gradient_kernels(on_fake_amdgpu, rng):
+    """A gradient kernel with a loop inside its task on qd.amdgpu: before each launch its adstack
+    descriptor on the device holds a HIP heap of depth x rows words (rows: the task's saturating
+    grid), re-sized when the loop bound grows; an overflow flag the device set raises, naming the
+    kernel, and is cleared for the next launch."""
+    x = qd.field(qd.f64, shape=(8,), needs_grad=True)
+    n = qd.field(qd.i32, shape=())
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def anchor():
+        for i in x:
+            v = x[i]
+            for _ in range(n[None]):
+                v = qd.sin(v) * 1.01
+            loss[None] += v
+
+    x.from_numpy(rng.uniform(-2, 2, 8))
+    depths = []
+    for steps in (3, 9):
+        n[None] = steps
+        anchor.grad()
+        (stack,) = anchor.grad.adstacks
+        (plan,) = anchor.grad.backend().plans.values()
+        (launch,) = [la for la in plan.launches if la.binary.task.uid == stack.task_uid]
+        desc = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(stack.desc._dev.address)).tolist()
+        assert desc == [stack.heap.address, stack.depth, launch.grid * launch.block, 0]
+        assert stack.heap.size >= stack.depth * launch.grid * launch.block and stack.depth >= steps
+        depths.append(stack.depth)
+    assert depths[1] > depths[0]
+    ctypes.c_int64.from_address(stack.desc._dev.address + 24).value = 1      # the device's overflow flag
+    with pytest.raises(qd.QuadrantsRuntimeError, match="adstack overflow"):
+        anchor.grad()
+    anchor.grad()
+    assert ctypes.c_int64.from_address(stack.desc._dev.address + 24).value == 0
+
+
+CACHED_SOURCE = """
+@qd.kernel
+def scale(a: qd.f32):
+    for i in x:
+        y[i] = x[i] * a
+"""
+
+
+def test_offline_cache_of_code_objects(fake_hip, monkeypatch, tmp_path, rng):
+    """The offline cache on qd.amdgpu: a kernel compiled once is, in a fresh process (nothing
+    loaded, new fields of the same layout), loaded from its entry: no compile, the same code
+    objects handed to hipModuleLoadData, the new fields in the field table. Keys differ by
+    processor."""
+    import textwrap
+
+    from qd_numba import offline_cache
+    from qd_numba.targets.base import target_for
+
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    options = {"arch": qd.amdgpu, "offline_cache": True, "offline_cache_file_path": str(tmp_path)}
+
+    def define():
+        ns = {"qd": qd, "x": qd.field(qd.f32, shape=64), "y": qd.field(qd.f32, shape=64), "__name__": "amd_cached"}
+        exec(compile(textwrap.dedent(CACHED_SOURCE), "<cell>", "exec"), ns)
+        ns["x"].from_numpy(rng.random(64).astype(np.float32))
+        return ns
+
+    def loads(mark):
+        return [c[1] for c in fake_hip.calls[mark:] if c[0] == "hipModuleLoadData"]
+
+    try:
+        qd.init(**options)
+        offline_cache.stats.__init__()
+        ns = define()
+        ns["scale"](2.0)
+        compiled_images = loads(0)
+        assert ns["scale"].compile_count == 1 and len(compiled_images) == 1
+        assert len(list(tmp_path.rglob("*" + offline_cache.SUFFIX))) == 1
+        offline_cache._loaded.clear()       # a fresh process
+        qd.init(**options)
+        offline_cache.stats.__init__()
+        mark = len(fake_hip.calls)
+        ns = define()
+        ns["scale"](3.0)
+        assert ns["scale"].compile_count == 0 and offline_cache.stats.hits == 1
+        assert loads(mark) == compiled_images
+        (plan,) = ns["scale"].backend().plans.values()
+        table = np.ctypeslib.as_array((ctypes.c_uint64 * 2).from_address(plan.field_table.address)).tolist()
+        assert sorted(table) == sorted([ns["x"]._dev.address, ns["y"]._dev.address])
+    finally:
+        offline_cache._loaded.clear()
+        qd.init(arch=qd.cpu)
+    toolchain = Toolchain.current()
+    assert toolchain.cache_target("gfx942") != toolchain.cache_target("gfx90a")
+    assert toolchain.cache_target("gfx942").startswith("amdgpu-gfx942-llvm")

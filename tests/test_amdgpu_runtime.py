@@ -95,3 +95,113 @@ def test_out_of_bounds_in_debug_mode(rng):
     with pytest.raises(qd.QuadrantsRuntimeError):
         shift(rng.random(8).astype(np.float32), np.zeros(8, np.float32))
     qd.init(arch=qd.amdgpu)
+
+
+VEC3 = qd.types.vector(3, qd.f32)
+PARTICLE = qd.types.struct(m=qd.f32, v=VEC3, id=qd.i32)
+
+
+def test_vector_matrix_and_struct_arguments(rng):
+    @qd.kernel
+    def move(a: qd.types.ndarray(dtype=qd.f32, ndim=1), out: qd.types.ndarray(dtype=qd.f32, ndim=2), v: VEC3,
+             m: qd.types.matrix(2, 2, qd.f32), p: PARTICLE):
+        for i in range(a.shape[0]):
+            for k in range(3):
+                out[i, k] = a[i] * v[k] + m[0, 1] * p.v[k] * p.m + p.id
+
+    a = rng.random(500).astype(np.float32)
+    v, m, pv = rng.random(3).astype(np.float32), rng.random((2, 2)).astype(np.float32), rng.random(3).astype(np.float32)
+    out = np.zeros((500, 3), np.float32)
+    move(a, out, v.tolist(), m.tolist(), PARTICLE(m=0.5, v=pv.tolist(), id=7))
+    np.testing.assert_allclose(out, np.outer(a, v) + m[0, 1] * pv * 0.5 + 7, rtol=1e-5)
+
+
+def test_fields_of_snode_trees(rng):
+    a, b = qd.field(qd.f32), qd.field(qd.i32)
+    qd.root.dense(qd.i, 64).place(a, b)
+    c = qd.field(qd.f64)
+    qd.root.dense(qd.ij, (8, 4)).place(c)
+
+    @qd.kernel
+    def add():
+        for i in range(64):
+            a[i] += b[i] + c[i // 8, i % 4]
+
+    av, bv, cv = rng.random(64).astype(np.float32), rng.integers(-50, 50, 64).astype(np.int32), rng.random((8, 4))
+    a.from_numpy(av)
+    b.from_numpy(bv)
+    c.from_numpy(cv)
+    add()
+    want = av + bv + cv[np.arange(64) // 8, np.arange(64) % 4]
+    np.testing.assert_allclose(a.to_numpy(), want.astype(np.float32), rtol=1e-6)
+    np.testing.assert_array_equal(b.to_numpy(), bv)
+
+
+F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
+
+
+@qd.kernel
+def _pair(x: F32_1D, y: F32_1D, a: qd.f32):
+    with qd.stream_parallel():
+        for i in range(x.shape[0]):
+            x[i] = x[i] * a + 1.0
+    with qd.stream_parallel():
+        for i in range(y.shape[0]):
+            y[i] = qd.sqrt(y[i]) * a
+
+
+@qd.kernel
+def _follow(x: F32_1D, y: F32_1D, z: F32_1D):
+    for i in range(z.shape[0]):
+        z[i] = x[i] + 2.0 * y[i]
+
+
+def test_streams_events_and_stream_parallel(rng):
+    n = 1 << 14
+    x0, y0 = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
+    rx, ry = x0 * 1.5 + 1.0, np.sqrt(y0) * 1.5
+    x, y, z = qd.ndarray(qd.f32, n), qd.ndarray(qd.f32, n), qd.ndarray(qd.f32, n)
+    xh, yh = x0.copy(), y0.copy()
+    _pair(xh, yh, 1.5)                      # numpy arguments: copied back after the join
+    np.testing.assert_allclose(xh, rx, rtol=1e-6)
+    np.testing.assert_allclose(yh, ry, rtol=1e-6)
+    x.from_numpy(x0)
+    y.from_numpy(y0)
+    with qd.create_stream() as s, qd.create_stream() as other:
+        _pair(x, y, 1.5, qd_stream=s)
+        _follow(x, y, z, qd_stream=s)
+        done = qd.create_event()
+        done.record(s)
+        done.wait(qd_stream=other)
+        _follow(x, y, z, qd_stream=other)
+        other.synchronize()
+        done.destroy()
+    np.testing.assert_allclose(z.to_numpy(), rx + 2.0 * ry, rtol=1e-5)
+
+
+def test_gradient_through_an_adstack(rng):
+    x = qd.field(qd.f64, shape=(64,), needs_grad=True)
+    n = qd.field(qd.i32, shape=())
+    loss = qd.field(qd.f64, shape=(), needs_grad=True)
+
+    @qd.kernel
+    def chain():
+        for i in x:
+            v = x[i]
+            for _ in range(n[None]):
+                v = qd.sin(v) * 1.01
+            loss[None] += v
+
+    xs = rng.uniform(-2, 2, 64)
+    for steps in (1, 7):
+        n[None] = steps
+        x.from_numpy(xs)
+        loss[None] = 0.0
+        with qd.ad.Tape(loss=loss):
+            chain()
+        v, grad = xs.copy(), np.ones_like(xs)
+        for _ in range(steps):
+            grad *= np.cos(v) * 1.01
+            v = np.sin(v) * 1.01
+        assert loss[None] == pytest.approx(v.sum(), rel=1e-12)
+        np.testing.assert_allclose(x.grad.to_numpy(), grad, rtol=1e-10)

@@ -5,11 +5,15 @@ The plan of a kernel instance mirrors the CUDA target's (targets/cuda/plan.py): 
 the same parameter slots, temporaries, return slot and host iteration counts), one ``void*[]``
 of ctypes cells per task, shared by all tasks of the kernel, and one ``hipModuleLaunchKernel``
 per task. A call writes the cells of its arguments, computes the host iteration counts, launches
-in program order on the null stream, copies numpy arguments back and reads the return value.
+in program order on the caller's stream (the null stream, or ``qd_stream=``; a non-blocking one
+is fenced with the null stream around the launches, where the copies run), copies numpy
+arguments back and reads the return value. Tasks in two or more ``qd.stream_parallel()`` groups
+fork and join over the runtime's pool of non-blocking streams as on CUDA (the program of
+targets/cuda/stream_pool.py ``launch_program``, its events recorded through HIP).
 
 Arguments: scalars, ndarrays (numpy: copied to the device and back; ``qd.ndarray``: in place;
-objects with ``__cuda_array_interface__`` holding HIP memory: in place) and template values.
-Matrix and struct arguments are not supported on ``qd.amdgpu`` yet (QuadrantsTypeError).
+objects with ``__cuda_array_interface__`` holding HIP memory: in place), vectors, matrices and
+structs (checked as on CUDA, one cell per element in the data model's order) and template values.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import numba
 import numpy as np
 from numba.core import types
 
-from ... import config, profiler
+from ... import adstack, config, offline_cache, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
-from ...field import Ndarray
+from ...field import Ndarray, next_generation, written_by
 from ...frontend.args import template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
@@ -76,7 +80,7 @@ class _Launch:
 class AmdgpuPlan:
     """One kernel instance on AMDGPU, built once and replayed on every call."""
 
-    def __init__(self, kernel, binary, fields, functions):
+    def __init__(self, kernel, binary, fields, functions, adstacks=None):
         from ..cuda import tasks as cuda_tasks
         from ..cuda.plan import _CTYPES, host_totals, read_return
 
@@ -104,12 +108,32 @@ class AmdgpuPlan:
             range_index += t.kind == "range_for"
             self.launches.append(_Launch(fn, module, argv, grid, block, total_index, t))
         self.totals_fn, self.static_totals = host_totals(kernel, binary.totals, fields)
+        if binary.static_totals is not None:    # counts known when it compiled (constants, field shapes)
+            self.static_totals = binary.static_totals
         self.error_words = [(launch, rt.global_address(launch.module, launch.binary.error_symbol))
                             for launch in self.launches if launch.binary.error_symbol]
+        runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
+        written, written_args = written_by(self.tasks, len(runtime_positions), self.fields,
+                                           kernel.autodiff_mode == "reverse")
+        # what a launch writes gets a new write generation (field.py; adstack sizes are cached on them)
+        self.written, self.written_args = written, tuple(runtime_positions[r] for r in written_args)
+        self.program = self.pool = self.events = None
+        groups = [t.task.stream_group for t in binary.tasks]
+        # stream_parallel() blocks fork and join, as CUDA's StreamBlocks (gradient and debug plans: in order)
+        if len(set(groups) - {0}) >= 2 and kernel.autodiff_mode is None and not self.error_words:
+            from ..cuda.stream_pool import launch_program
 
-    def run(self, args, views):
-        """Launch every task on the null stream with ``args`` (the kernel's, in order) and
-        ``views`` (param name -> (device address, shape, strides, itemsize, copy back))."""
+            self.program = launch_program(groups)
+            width = max(len(parts) for parallel, parts in self.program if parallel)
+            self.pool = rt.pool_streams(width - 1)
+            self.events = (rt.event_create(), rt.event_create())
+        if adstacks:    # a gradient kernel with loops inside a task: its adstacks sized per launch
+            rows = {launch.binary.task.uid: launch.grid * launch.block for launch in self.launches}
+            self.run = adstack.wrap_sync_run(self.run, adstacks, kernel, self.fields, rows.__getitem__, _heap)
+
+    def run(self, args, views, stream=0):
+        """Launch every task on ``stream`` (0: the null stream) with ``args`` (the kernel's, in
+        order) and ``views`` (param name -> (device address, shape, strides, itemsize, copy back))."""
         for p, a in zip(self.kernel.params, args):
             cells = self.cells.get(p.name)
             if cells is None:
@@ -117,19 +141,31 @@ class AmdgpuPlan:
             if p.kind == "ndarray":
                 address, shape, strides, itemsize, _back = views[p.name]
                 values = [0, 0, int(np.prod(shape, dtype=np.int64)), itemsize, address, *shape, *strides]
+            elif p.kind == "matrix":
+                values = a.entries.reshape(-1).tolist()
+            elif p.kind == "struct":
+                values = a._flat_tuple()
             else:
                 values = [a]
             for cell, value in zip(cells, values, strict=True):
                 cell.value = value
         totals = self.static_totals if self.totals_fn is None else self.totals_fn(args)
-        for launch in self.launches:
-            grid = launch.grid
-            if launch.total_index is not None:
-                n = int(totals[launch.total_index])
-                if n <= 0:
-                    continue
-                grid = min(grid, -(-n // launch.block))
-            self.rt.launch(launch.fn, grid, launch.block, 0, ctypes.addressof(launch.argv))
+        rt = self.rt
+        nonblocking = bool(stream) and rt.stream_nonblocking(stream)
+        if nonblocking:
+            rt.fence(0, stream)
+        if self.program is None:
+            for launch in self.launches:
+                self._launch(launch, totals, stream)
+        else:
+            self._fork_join(totals, stream)
+        if nonblocking:
+            rt.fence(stream, 0)
+        for f in self.written:
+            f._gen = next_generation()
+        for i in self.written_args:
+            if type(args[i]) is Ndarray:
+                args[i]._gen = next_generation()
         self._raise_recorded()
         for _name, (_address, _shape, _strides, _itemsize, back) in views.items():
             if back is not None:
@@ -139,6 +175,36 @@ class AmdgpuPlan:
         offset, dtype, count = self.binary.ret
         raw = self.tmp.copy_to_host()[offset:offset + np.dtype(dtype).itemsize * count]
         return self.read_return(raw, np.dtype(dtype), self.kernel.return_type)
+
+    def _launch(self, launch, totals, stream) -> None:
+        grid = launch.grid
+        if launch.total_index is not None:
+            n = int(totals[launch.total_index])
+            if n <= 0:
+                return
+            grid = min(grid, -(-n // launch.block))
+        self.rt.launch(launch.fn, grid, launch.block, stream, ctypes.addressof(launch.argv))
+
+    def _fork_join(self, totals, caller) -> None:
+        """The tasks of a stream_parallel() plan: a run of groups forks from the caller's stream
+        (an event the pool streams wait for), its first group on the caller's stream, its k-th
+        other group on pool stream k, each joined back by an event the caller's stream waits for."""
+        rt, (fork, join) = self.rt, self.events
+        for parallel, parts in self.program:
+            if not parallel:
+                for k in parts:
+                    self._launch(self.launches[k], totals, caller)
+                continue
+            rt.event_record(fork, caller)
+            for j, tasks in enumerate(parts):
+                stream = self.pool[j - 1] if j else caller
+                if j:
+                    rt.stream_wait_event(stream, fork)
+                for k in tasks:
+                    self._launch(self.launches[k], totals, stream)
+                if j:
+                    rt.event_record(join, stream)
+                    rt.stream_wait_event(caller, join)
 
     def _raise_recorded(self) -> None:
         """The first exception a task recorded (debug mode), as the CUDA plan raises it; every
@@ -157,6 +223,12 @@ class AmdgpuPlan:
             where = f" (task {launch.binary.task.name}" + (f", {line}" if line else "") + ")"
             err = self.kernel.runtime_error(cls(*exc_args) if exc_args else cls())
             raise type(err)(f"{err}{where}") from None
+
+
+def _heap(words: int):
+    """(HIP buffer, address) of an adstack heap of ``words`` int64 words."""
+    buf = HipArray((words,), np.int64)
+    return buf, buf.address
 
 
 def _ndarray_view(where, a):
@@ -209,8 +281,13 @@ class AmdgpuKernel(KernelBackend):
         return ns["__call__"]
 
     def call(self, *args):
-        plan, views = self._plan(args)
+        plan, args, views = self._plan(args)
         return plan.run(args, views)
+
+    def call_on_stream(self, handle, args):
+        """The call with its launches on HIP stream ``handle`` (``qd_stream=``, streams.py)."""
+        plan, args, views = self._plan(args)
+        return plan.run(args, views, handle)
 
     def tasks(self, args) -> list:
         return list(self._plan(args)[0].tasks)
@@ -223,9 +300,12 @@ class AmdgpuKernel(KernelBackend):
         return plan.tasks, plan.fields
 
     def _plan(self, args):
+        """(plan, the arguments with vectors/matrices/structs checked and converted, ndarray views)."""
+        from ..cuda.kernel import _check_matrix
+
         kernel = self.kernel
-        param_types, templates, views, key = {}, {}, {}, []
-        for p, a in zip(kernel.params, args):
+        param_types, templates, views, key, args = {}, {}, {}, [], list(args)
+        for i, (p, a) in enumerate(zip(kernel.params, args)):
             where = f"kernel '{kernel.name}', argument '{p.name}'"
             if p.kind == "template":
                 templates[p.name] = a
@@ -234,8 +314,8 @@ class AmdgpuKernel(KernelBackend):
                 param_types[p.name], views[p.name] = _ndarray_view(where, a)
                 key.append(param_types[p.name])
             elif p.kind in ("matrix", "struct"):
-                raise QuadrantsTypeError(f"{where}: {p.kind} arguments are not supported on qd.amdgpu yet "
-                                         "(docs/amdgpu.md)")
+                args[i] = _check_matrix(kernel, p, a)
+                param_types[p.name] = p.nbtype
             else:
                 param_types[p.name] = p.nbtype
         key = tuple(key)
@@ -243,9 +323,12 @@ class AmdgpuKernel(KernelBackend):
             plan = self.plans.get(key)
             if plan is None:
                 plan = self.plans[key] = self._build(param_types, templates)
-        return plan, views
+        return plan, tuple(args), views
 
     def _build(self, param_types, templates):
+        """The plan of an argument spec: from the offline cache (code objects loaded, no frontend,
+        no compile) or compiled, and then written to the cache, as on CUDA (targets/cuda/plan.py
+        ``build_plan``: the same :class:`PlanBinary`, code objects in place of cubins)."""
         from ..cuda.plan import plan_binary
 
         kernel = self.kernel
@@ -253,10 +336,19 @@ class AmdgpuKernel(KernelBackend):
         try:
             with gc_paused(), profiler.compiling(kernel.qualname, "amdgpu"):
                 toolchain = Toolchain.current()
+                target = toolchain.cache_target(rt.arch)
+                cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
+                place = offline_cache.lookup(kernel, param_types, templates, cfg, target)
+                if place is not None:
+                    with profiler.stage("offline cache load"):
+                        loaded = offline_cache.load(place, _load_modules)
+                    if loaded is not None:
+                        binary, hidden_paths, functions = loaded
+                        return AmdgpuPlan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
                 toolchain.require_linker()
                 state, plan_ir, compiled, temp_types = compile_kernel(kernel, param_types, templates, toolchain)
                 per_device = [(unit, tk, c[rt.arch]) for unit, tk, c in compiled]
-                binary = plan_binary(kernel, state, plan_ir, per_device, temp_types, f"amdgpu-{rt.arch}")
+                binary = plan_binary(kernel, state, plan_ir, per_device, temp_types, target)
                 with profiler.stage("module load"):
                     functions = [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
         except Exception as e:
@@ -266,4 +358,20 @@ class AmdgpuKernel(KernelBackend):
             raise err from None
         rt.plan_builds += 1
         kernel.compile_count += 1
-        return AmdgpuPlan(kernel, binary, state.hidden, functions)
+        # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
+        hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
+        if hidden_paths is not None:
+            offline_cache.store(place, (binary, hidden_paths), (binary, hidden_paths, functions))
+        return AmdgpuPlan(kernel, binary, state.hidden, functions, state.adstacks)
+
+
+def _load_modules(payload) -> tuple:
+    """(PlanBinary, hidden-field paths, (module, function) per task) of a cache entry: its code
+    objects loaded (one HIP refuses is a bad entry)."""
+    from ..cuda.plan import PlanBinary
+
+    binary, hidden_paths = payload
+    if not isinstance(binary, PlanBinary):
+        raise TypeError(f"not an AMDGPU plan: {type(binary).__name__}")
+    rt = HipRuntime.get()
+    return binary, hidden_paths, [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]

@@ -10,6 +10,8 @@ same launch plan shape on both GPU targets.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from dataclasses import dataclass
 
@@ -45,6 +47,24 @@ class Toolchain:
         print_ir = config.current.print_ir
         return codegen.AmdgpuCodegen(self.archs, self.lld, self.device_libs, keep_text or print_ir,
                                      sys.stderr if print_ir else None)
+
+    def cache_target(self, arch: str) -> str:
+        """The target part of an AMDGPU kernel's offline-cache keys: the processor, the version of
+        llvmlite's LLVM (its AMDGPU back end), and the files that go into the code object: ROCm's
+        device-library bitcode and the linker (path, size, modification time). The versions of
+        Numba, llvmlite and numba-cuda (whose lowering the tasks go through) are in every key."""
+        import llvmlite.binding as llvm
+
+        files = [*(self.device_libs.get(arch) or ()), *(self.lld[:1] if self.lld else ())]
+        identity = []
+        for path in files:
+            try:
+                st = os.stat(path)
+                identity.append((path, st.st_size, st.st_mtime_ns))
+            except OSError:
+                identity.append((path, None))
+        digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:16]
+        return f"amdgpu-{arch}-llvm{'.'.join(map(str, llvm.llvm_version_info))}-{digest}"
 
     def require_linker(self) -> list[str]:
         if self.lld is None:

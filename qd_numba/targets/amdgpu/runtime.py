@@ -91,8 +91,9 @@ class HipArray:
         if getattr(self, "_owner", True) is None and HipRuntime._instance is not None:
             HipRuntime._instance.hip.hipFree(self.address)
 
-    def copy_to_host(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
+    def copy_to_host(self, out=None) -> np.ndarray:
+        """The buffer's data in a new host array, or in ``out`` (a C-contiguous array of as many bytes)."""
+        out = np.empty(self.shape, self.dtype) if out is None else out
         rt = HipRuntime.get()
         _check(rt.hip.hipMemcpyDtoH(out, self.address, self.nbytes), "hipMemcpyDtoH")
         return out
@@ -143,6 +144,10 @@ class HipRuntime:
         self.cu_count = int(props.multiProcessorCount)
         self.max_threads = self.cu_count * int(props.maxThreadsPerMultiProcessor)
         self.plan_builds = 0
+        self._own_streams: set[int] = set()     # the blocking streams stream_create made
+        self._pool: list[int] = []               # stream_parallel()'s non-blocking streams
+        self._fence_event = None
+        self._fence_lock = threading.Lock()
 
     @classmethod
     def get(cls) -> HipRuntime:
@@ -195,12 +200,42 @@ class HipRuntime:
         table.copy_to_device(np.array([f._dev.address for f in fields] or [0], np.uint64))
         return table
 
-    # -- streams and events (handles are ints) ------------------------------------------------------------
+    # -- streams and events (handles are ints; streams.py, stream_parallel) -----------------------------------
     def stream_create(self) -> int:
-        return int(_check(self.hip.hipStreamCreate(), "hipStreamCreate"))
+        """A blocking stream (ordered with the null stream, where qd_numba's copies run)."""
+        handle = int(_check(self.hip.hipStreamCreate(), "hipStreamCreate"))
+        self._own_streams.add(handle)
+        return handle
 
     def stream_destroy(self, handle: int) -> None:
+        self._own_streams.discard(handle)
         _check(self.hip.hipStreamDestroy(handle), "hipStreamDestroy")
+
+    def stream_nonblocking(self, handle: int) -> bool:
+        """Whether stream ``handle`` runs unordered with the null stream (created non-blocking,
+        as torch's pool streams are); streams :meth:`stream_create` made are ordered with it."""
+        if handle in self._own_streams:
+            return False
+        flags = _check(self.hip.hipStreamGetFlags(handle), "hipStreamGetFlags")
+        return bool(int(flags) & int(self.hip.hipStreamNonBlocking))
+
+    def fence(self, before: int, after: int) -> None:
+        """Order the work queued later on stream ``after`` behind the work queued so far on stream
+        ``before`` (one event, no host wait: a wait takes the event's state when it is queued)."""
+        with self._fence_lock:
+            if self._fence_event is None:
+                self._fence_event = self.event_create()
+            self.event_record(self._fence_event, before)
+            self.stream_wait_event(after, self._fence_event)
+
+    def pool_streams(self, count: int) -> list[int]:
+        """The first ``count`` non-blocking streams of stream_parallel()'s pool (created once, on
+        first need, and shared by every plan)."""
+        with self._fence_lock:
+            while len(self._pool) < count:
+                self._pool.append(int(_check(self.hip.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking),
+                                             "hipStreamCreateWithFlags(stream pool)")))
+        return self._pool[:count]
 
     def stream_synchronize(self, handle: int) -> None:
         _check(self.hip.hipStreamSynchronize(handle), "hipStreamSynchronize")
@@ -222,12 +257,26 @@ class HipRuntime:
 
 
 def ensure_device(data) -> None:
-    """Give a field/qd.ndarray its HIP buffer (from its host data, the first time). Fields of an
-    SNode tree (``qd.root.dense(...).place(...)``) are refused: their tree has no HIP storage yet."""
-    if getattr(data, "_tree", None) is not None:
-        raise QuadrantsRuntimeError(f"field {getattr(data, 'name', '') or ''!r} is placed in an SNode tree; SNode "
-                                    "trees are not supported on qd.amdgpu yet (docs/amdgpu.md)")
+    """Give a field/qd.ndarray/SNode tree (snode.py ``Tree``) its HIP buffer (from its host data,
+    the first time). A field of an SNode tree is a view of its tree's buffer (:func:`tree_views`),
+    as on CUDA."""
+    tree = getattr(data, "_tree", None)
+    if tree is not None:
+        tree.place_on("amdgpu")
+        return
     if not isinstance(data._dev, HipArray):
         dev = HipArray(data._arr.shape, data._arr.dtype)
         dev.copy_to_device(data._arr)
         data._dev = dev
+        if getattr(data, "_fields", None) is not None:     # a tree: its fields' views
+            tree_views(data)
+
+
+def tree_views(tree) -> None:
+    """Give each field of an SNode tree (its ``_dev`` a HipArray of the tree's bytes) a HipArray
+    starting at the field's byte offset: the address its context slot holds. Its strides are
+    compile-time constants of the kernels (lowering/device.py); python scope reads and writes the
+    whole tree (``Tree.pull``/``push``)."""
+    start = tree.base.ctypes.data
+    for f in tree._fields:
+        f._dev = HipArray(f._arr.shape, f._arr.dtype, tree._dev.address + (f._arr.ctypes.data - start), owner=tree._dev)

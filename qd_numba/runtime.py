@@ -80,9 +80,9 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
                                     f"a backend of qd_numba; its backends are {_BACKENDS}")
     if arch not in _ARCHES:
         raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
-    if arch == amdgpu:
-        target_for(amdgpu).open()
     new_config = config.config_from_env(arch=arch, **overrides, **options)
+    if arch == amdgpu:
+        target_for(amdgpu).open(new_config)
     if arch in (cuda, gpu):
         new_config.arch = _open_gpu(arch, enable_fallback, new_config)
     _install(new_config)
@@ -108,10 +108,7 @@ def _open_gpu(arch: str, enable_fallback: bool | None, cfg: config.Config) -> st
     errors = []
     for candidate in (cuda, amdgpu) if arch == gpu else (cuda,):
         try:
-            if candidate == cuda:
-                target_for(cuda).open(cfg)
-            else:
-                target_for(candidate).open()
+            target_for(candidate).open(cfg)
             return candidate
         except QuadrantsRuntimeError as e:
             errors.append(e)

@@ -246,7 +246,7 @@ def test_gpu_fallback_order(monkeypatch):
     opened = []
 
     def fails(name):
-        def open_():
+        def open_(cfg=None):
             opened.append(name)
             raise QuadrantsRuntimeError(f"no {name}")
         return open_

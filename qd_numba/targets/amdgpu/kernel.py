@@ -51,7 +51,7 @@ class AmdgpuTarget(Target):
     def synchronize(self) -> None:
         HipRuntime.get().synchronize()
 
-    def open(self) -> None:
+    def open(self, cfg=None) -> None:
         lacking = missing()
         toolchain = Toolchain.current()
         if toolchain.lld is None:

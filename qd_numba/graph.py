@@ -324,24 +324,39 @@ class DoWhileKernel:
             raise stream_error(self.name)
         kwargs.pop("qd_stream", None)
         args = self._bind(args, kwargs)
+        self._check_flag(args)
+        device = self._first().backend().do_while_loop(self)
+        if device is None or not device(args):      # else one CUDA graph ran it (targets/cuda/do_while.py)
+            self._run(args)
+
+    def _check_flag(self, args):
         flag = args[self.flag_index]
         if not isinstance(flag, Ndarray) and getattr(flag, "ndim", None) != 0:
             raise QuadrantsTypeError(f"kernel '{self.name}', argument '{self.flag_name}': qd.graph.do_while() needs "
                                      f"a 0-d qd.i32 ndarray, got {type(flag).__name__}")
+        return flag
+
+    def _run(self, args):
+        """The host-side loop: the parts in order, the flag read after each pass of the body."""
+        flag = self._check_flag(args)
         if self.before is not None:
             self.before(*args)
         while True:
-            self.body(*args)
+            _run_part(self.body, args)
             if not _flag_value(flag):
                 break
         if self.after is not None:
-            self.after(*args)
+            _run_part(self.after, args)
 
-    def _bind(self, args, kwargs):
+    def _first(self):
+        """The first plain kernel of the parts (the one that binds the arguments)."""
         first = self.parts[0]
         while isinstance(first, DoWhileKernel):
             first = first.parts[0]
-        return first._bind(args, kwargs)
+        return first
+
+    def _bind(self, args, kwargs):
+        return self._first()._bind(args, kwargs)
 
     @property
     def grad(self):
@@ -354,6 +369,13 @@ class DoWhileKernel:
 
     def __repr__(self):
         return f"<qd.kernel {self.name} (graph, do_while)>"
+
+
+def _run_part(part, args) -> None:
+    if isinstance(part, DoWhileKernel):
+        part._run(args)
+    else:
+        part(*args)
 
 
 def _flag_value(flag) -> int:

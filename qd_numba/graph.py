@@ -55,8 +55,10 @@ def stream_error(name: str) -> QuadrantsRuntimeError:
 # * ``while qd.graph.do_while(flag):`` splits the kernel into kernels of the same parameters: the
 #   statements before the loop, its body (split again when it holds another loop), the statements
 #   after it. :class:`DoWhileKernel` runs them: the body at least once, again while the 0-d ndarray
-#   argument ``flag`` holds a non-zero value, read on the host after each pass (Quadrants' host
-#   fallback; each part is a graph kernel, so on CUDA each pass is one graph replay).
+#   argument ``flag`` holds a non-zero value. On CUDA all parts run as one graph with conditional
+#   WHILE nodes (targets/cuda/do_while.py, through the backend's ``do_while_loop``); elsewhere, and
+#   where that cannot run, the flag is read on the host after each pass (Quadrants' host fallback;
+#   each part is a graph kernel, so on CUDA each pass is one graph replay).
 
 _CONSTRUCTS = ("do_while", "parallel_context", "parallel")
 __all__ = ["do_while", "parallel", "parallel_context"]     # the qd.graph namespace, as Quadrants'
@@ -308,8 +310,9 @@ def _does_something(stmts) -> bool:
 class DoWhileKernel:
     """A ``graph=True`` kernel with a ``qd.graph.do_while`` loop: its parts (kernels of the same
     parameters, see ``prepare``) run in order, the loop's body again while the flag is non-zero.
-    On CUDA each part replays as a graph and the flag is read on the host after each pass
-    (Quadrants' host-side fallback)."""
+    On CUDA one graph with conditional nodes runs them all (the backend's ``do_while_loop``);
+    else :meth:`_run`: each part replays as a graph and the flag is read on the host after each
+    pass (Quadrants' host-side fallback)."""
 
     graph = True
 

@@ -162,8 +162,7 @@ def unavailable() -> str | None:
     if "reason" not in _state:
         try:
             _state["api"] = _CondApi()
-            rt = CudaRuntime.get()
-            _state["set"] = (rt, rt.load_function(set_conditional_cubin(rt.cc), SET_CONDITIONAL)[1])
+            _state["set"] = _load_set_conditional()
             _state["reason"] = None
         except AttributeError as e:
             _state["reason"] = f"the driver has no conditional graph nodes (CUDA 12.4+): {e}"
@@ -172,14 +171,18 @@ def unavailable() -> str | None:
     return _state["reason"]
 
 
-def _set_function():
+def _load_set_conditional():
+    """(runtime, module, CUfunction address) of ``qd_set_conditional`` in the current runtime."""
+    rt = CudaRuntime.get()
+    module, fn = rt.load_function(set_conditional_cubin(rt.cc), SET_CONDITIONAL)
+    return rt, module, int(fn)
+
+
+def _set_function() -> int:
     """``qd_set_conditional`` loaded in the current runtime (loaded again after a new one)."""
-    rt, fn = _state["set"]
-    if rt is not CudaRuntime.get():
-        rt = CudaRuntime.get()
-        _state["set"] = (rt, rt.load_function(set_conditional_cubin(rt.cc), SET_CONDITIONAL)[1])
-        fn = _state["set"][1]
-    return fn
+    if _state["set"][0] is not CudaRuntime.get():
+        _state["set"] = _load_set_conditional()
+    return _state["set"][2]
 
 
 def _leaves(kernel) -> list:

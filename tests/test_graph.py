@@ -1047,12 +1047,24 @@ def two_loops(x: F64, a: I32_0D, b: I32_0D, s: qd.f64):
     while qd.graph.do_while(b):
         for i in range(x.shape[0]):
             x[i] = x[i] * 0.5
+        for i in range(1, x.shape[0]):      # empty for a 1-element x
+            x[i] = x[i] + 1.0
         b[()] = b[()] - 1
 
 
+def _two_loops_ref(x, na, nb, s):
+    x = x + max(na, 1) * s
+    for _ in range(max(nb, 1)):
+        x *= 0.5
+        x[1:] += 1.0
+    return x
+
+
 def _do_while_calls(rng, device: bool):
-    """damped and two_loops called with new arrays, sizes, scalars and flags between calls;
-    returns (results, the numpy references, flag reads on the host, DeviceLoops)."""
+    """damped and two_loops called with new arrays, sizes (an empty loop), scalars and flags
+    between calls, and damped with numpy arrays (the host-side loop on every arch); returns
+    (results, the numpy references, flag reads on the host before the numpy call, the DeviceLoops
+    on CUDA)."""
     from qd_numba import graph as graph_mod
     from qd_numba.targets.cuda.do_while import DeviceLoop
 
@@ -1074,23 +1086,39 @@ def _do_while_calls(rng, device: bool):
             damped(x, v, counter, inner, k)
             got.append((x.to_numpy(), v.to_numpy(), int(counter.to_numpy()), int(inner.to_numpy())))
             want.append((*_damped_ref(x0, steps, k), 0, 0))
-        x = qd.ndarray(qd.f64, 500)
-        x0 = rng.uniform(-1, 1, 500)
-        x.from_numpy(x0)
         a, b = qd.ndarray(qd.i32, ()), qd.ndarray(qd.i32, ())
-        ref = x0.copy()
-        for na, nb, s in ((3, 2, 0.5), (1, 4, 0.25), (2, 1, 0.25)):
+        for n, na, nb, s in ((500, 3, 2, 0.5), (500, 1, 4, 0.25), (1, 2, 3, 0.25), (500, 2, 1, 0.25)):
+            x = qd.ndarray(qd.f64, n)
+            x0 = rng.uniform(-1, 1, n)
+            x.from_numpy(x0)
             a.from_numpy(np.array(na, np.int32))
             b.from_numpy(np.array(nb, np.int32))
             two_loops(x, a, b, s)
-            ref = (ref + na * s) * 0.5 ** nb
-        got.append((x.to_numpy(),))
-        want.append((ref,))
-        loops = [damped._first().backend()._device_loop, two_loops._first().backend()._device_loop]
-        return got, want, len(reads), loops
+            got.append((x.to_numpy(), int(a.to_numpy()), int(b.to_numpy())))
+            want.append((_two_loops_ref(x0, na, nb, s), 0, 0))
+        loops = [getattr(kernel._first().backend(), "_device_loop", None) for kernel in (damped, two_loops)]
+        launches = [loop.launches for loop in loops if loop is not None]
+        flag_reads = len(reads)
+        x0 = rng.uniform(-1, 1, 64)
+        x_np, v_np, steps = x0.copy(), np.zeros(64), qd.ndarray(qd.i32, ())
+        steps.from_numpy(np.array(2, np.int32))
+        damped(x_np, v_np, steps, inner, 0.3)          # numpy arguments: the host-side loop
+        assert [loop.launches for loop in loops if loop is not None] == launches
+        got.append((x_np, v_np))
+        want.append(_damped_ref(x0, 2, 0.3))
+        assert len(reads) > flag_reads
+        return got, want, flag_reads, loops
     finally:
         graph_mod._flag_value = real
         DeviceLoop.enabled = True
+
+
+def test_do_while_with_new_arguments_between_calls_equals_numpy(rng):
+    got, want, reads, _ = _do_while_calls(rng, device=False)
+    assert reads > 0
+    for g_set, r_set in zip(got, want):
+        for g, r in zip(g_set, r_set):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.cuda
@@ -1105,7 +1133,7 @@ def test_cuda_device_do_while_equals_numpy_and_the_host_loop_with_no_host_reads(
     dev, want, reads, loops = _do_while_calls(np.random.default_rng(seed), device=True)
     host, _, host_reads, _ = _do_while_calls(np.random.default_rng(seed), device=False)
     assert reads == 0 and host_reads > 0
-    assert loops[0].launches == 5 and loops[1].launches == 3
+    assert loops[0].launches == 5 and loops[1].launches == 4
     print("device do_while: rebuild_on_change", loops[0].rebuild_on_change, "patches", loops[0].patches,
           "builds", loops[0].builds)
     for got, ref, other in zip(dev, want, host):

@@ -154,7 +154,7 @@ class _CondApi:
             setattr(self, name.removesuffix("_v2"), fn)
 
 
-_state: dict = {}   # "reason": why device loops are off (None: on), "api", "set": (runtime, function)
+_state: dict = {}   # "reason": why device loops are off (None: on); "api"; "set": (runtime, module, function)
 
 
 def unavailable() -> str | None:

@@ -55,8 +55,10 @@ def stream_error(name: str) -> QuadrantsRuntimeError:
 # * ``while qd.graph.do_while(flag):`` splits the kernel into kernels of the same parameters: the
 #   statements before the loop, its body (split again when it holds another loop), the statements
 #   after it. :class:`DoWhileKernel` runs them: the body at least once, again while the 0-d ndarray
-#   argument ``flag`` holds a non-zero value, read on the host after each pass (Quadrants' host
-#   fallback; each part is a graph kernel, so on CUDA each pass is one graph replay).
+#   argument ``flag`` holds a non-zero value. On CUDA all parts run as one graph with conditional
+#   WHILE nodes (targets/cuda/do_while.py, through the backend's ``do_while_loop``); elsewhere, and
+#   where that cannot run, the flag is read on the host after each pass (Quadrants' host fallback;
+#   each part is a graph kernel, so on CUDA each pass is one graph replay).
 
 _CONSTRUCTS = ("do_while", "parallel_context", "parallel")
 __all__ = ["do_while", "parallel", "parallel_context"]     # the qd.graph namespace, as Quadrants'
@@ -308,8 +310,9 @@ def _does_something(stmts) -> bool:
 class DoWhileKernel:
     """A ``graph=True`` kernel with a ``qd.graph.do_while`` loop: its parts (kernels of the same
     parameters, see ``prepare``) run in order, the loop's body again while the flag is non-zero.
-    On CUDA each part replays as a graph and the flag is read on the host after each pass
-    (Quadrants' host-side fallback)."""
+    On CUDA one graph with conditional nodes runs them all (the backend's ``do_while_loop``);
+    else :meth:`_run`: each part replays as a graph and the flag is read on the host after each
+    pass (Quadrants' host-side fallback)."""
 
     graph = True
 
@@ -324,24 +327,39 @@ class DoWhileKernel:
             raise stream_error(self.name)
         kwargs.pop("qd_stream", None)
         args = self._bind(args, kwargs)
+        self._check_flag(args)
+        device = self._first().backend().do_while_loop(self)
+        if device is None or not device(args):      # else one CUDA graph ran it (targets/cuda/do_while.py)
+            self._run(args)
+
+    def _check_flag(self, args):
         flag = args[self.flag_index]
         if not isinstance(flag, Ndarray) and getattr(flag, "ndim", None) != 0:
             raise QuadrantsTypeError(f"kernel '{self.name}', argument '{self.flag_name}': qd.graph.do_while() needs "
                                      f"a 0-d qd.i32 ndarray, got {type(flag).__name__}")
+        return flag
+
+    def _run(self, args):
+        """The host-side loop: the parts in order, the flag read after each pass of the body."""
+        flag = self._check_flag(args)
         if self.before is not None:
             self.before(*args)
         while True:
-            self.body(*args)
+            _run_part(self.body, args)
             if not _flag_value(flag):
                 break
         if self.after is not None:
-            self.after(*args)
+            _run_part(self.after, args)
 
-    def _bind(self, args, kwargs):
+    def _first(self):
+        """The first plain kernel of the parts (the one that binds the arguments)."""
         first = self.parts[0]
         while isinstance(first, DoWhileKernel):
             first = first.parts[0]
-        return first._bind(args, kwargs)
+        return first
+
+    def _bind(self, args, kwargs):
+        return self._first()._bind(args, kwargs)
 
     @property
     def grad(self):
@@ -354,6 +372,13 @@ class DoWhileKernel:
 
     def __repr__(self):
         return f"<qd.kernel {self.name} (graph, do_while)>"
+
+
+def _run_part(part, args) -> None:
+    if isinstance(part, DoWhileKernel):
+        part._run(args)
+    else:
+        part(*args)
 
 
 def _flag_value(flag) -> int:

@@ -832,3 +832,311 @@ def test_cuda_automatic_graph_replay_equals_plain_launches(rng):
     for a_set, b_set in zip(results[True], results[False]):
         for a, b in zip(a_set, b_set):
             np.testing.assert_array_equal(a, b)
+
+
+# -- device-side qd.graph.do_while (targets/cuda/do_while.py) --------------------------------------------
+
+def test_set_conditional_kernel_links_with_the_device_runtime_without_a_gpu():
+    """The PTX of qd_set_conditional links with libcudadevrt.a (cudaGraphSetConditional) to a
+    cubin holding the entry, here, without a GPU."""
+    pytest.importorskip("cuda.bindings.nvjitlink", reason="nvJitLink (cuda.bindings) is not installed")
+    from qd_numba.targets.cuda.compile import _elf_symbol_names
+    from qd_numba.targets.cuda.do_while import SET_CONDITIONAL, set_conditional_cubin
+
+    cubin = set_conditional_cubin((9, 0))
+    assert cubin[:4] == b"\x7fELF"
+    assert SET_CONDITIONAL in _elf_symbol_names(cubin)
+    assert "cudaGraphSetConditional" in _elf_symbol_names(cubin)
+
+
+def test_node_parameter_structures_match_cuda_h(tmp_path):
+    """The ctypes CUgraphNodeParams and CUDA_CONDITIONAL_NODE_PARAMS have the sizes and offsets
+    of the cu13 cuda.h (compiled with the C compiler, where there is one)."""
+    import os
+    import shutil
+    import subprocess
+
+    from qd_numba.targets.cuda import do_while
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    try:
+        import nvidia.cu13
+        include = os.path.join(list(nvidia.cu13.__path__)[0], "include")
+    except ImportError:
+        include = None
+    if cc is None or include is None or not os.path.exists(os.path.join(include, "cuda.h")):
+        pytest.skip("needs a C compiler and the cu13 cuda.h")
+    src = tmp_path / "sizes.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <cuda.h>\nint main(void) {\n"
+                   "printf(\"%zu %zu %zu %zu %zu %zu %zu %zu\\n\", sizeof(CUgraphNodeParams),\n"
+                   "  offsetof(CUgraphNodeParams, conditional), offsetof(CUgraphNodeParams, reserved2),\n"
+                   "  sizeof(CUDA_CONDITIONAL_NODE_PARAMS), offsetof(CUDA_CONDITIONAL_NODE_PARAMS, type),\n"
+                   "  offsetof(CUDA_CONDITIONAL_NODE_PARAMS, size),\n"
+                   "  offsetof(CUDA_CONDITIONAL_NODE_PARAMS, phGraph_out),\n"
+                   "  offsetof(CUDA_CONDITIONAL_NODE_PARAMS, ctx));\n return 0;\n}\n")
+    exe = tmp_path / "sizes"
+    subprocess.run([cc, f"-I{include}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    got = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    P, C = do_while._NodeParams, do_while._ConditionalParams
+    assert got == [ctypes.sizeof(P), P.u.offset, P.reserved2.offset, ctypes.sizeof(C), C.type.offset,
+                   C.size.offset, C.phGraph_out.offset, C.ctx.offset]
+
+
+class _StandInCondDriver(_StandInDriver):
+    """The stand-in driver with conditional nodes: each conditional node's body is a new graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies, self.refuse_set = [], False
+
+    def cuCtxGetCurrent(self, out):
+        out._obj.value = 0xC7
+        return 0
+
+    def cuGraphConditionalHandleCreate(self, out, graph, ctx, default, flags):
+        self.handle += 1
+        out._obj.value = self.handle
+        self.calls.append(("handle", self.handle, graph, default, flags))
+        return 0
+
+    def cuGraphAddNode(self, out, graph, deps, edges, ndeps, params):
+        p = params._obj
+        body = (ctypes.c_void_p * 1)(self.handle + 1000)
+        self.bodies.append(body)
+        p.conditional.phGraph_out = ctypes.cast(body, ctypes.POINTER(ctypes.c_void_p))
+        waits = tuple(deps[:ndeps]) if deps is not None else ()
+        self.calls.append(("cond", self._new(out), graph, waits, p.type, p.conditional.handle, p.conditional.type,
+                           p.conditional.size, body[0]))
+        return 0
+
+    def cuGraphAddKernelNode(self, out, graph, deps, ndeps, params):
+        waits = tuple(deps[:ndeps]) if deps is not None else ()
+        p = params._obj
+        argv = ctypes.cast(p.kernelParams, ctypes.POINTER(ctypes.c_void_p))
+        if p.func == 0x777:     # qd_set_conditional(handle, flag pointer)
+            args = (ctypes.c_uint64.from_address(argv[0]).value, ctypes.c_uint64.from_address(argv[1]).value)
+            self.calls.append(("setcond", self._new(out), graph, waits, args))
+        else:
+            self.calls.append(("add", self._new(out), graph, waits, self._params(params)))
+        return 0
+
+    def cuGraphExecKernelNodeSetParams(self, exec_, node, params):
+        if self.refuse_set:
+            return 1    # CUDA_ERROR_INVALID_VALUE
+        p = params._obj
+        if p.func == 0x777:
+            argv = ctypes.cast(p.kernelParams, ctypes.POINTER(ctypes.c_void_p))
+            self.calls.append(("set", node, ctypes.c_uint64.from_address(argv[1]).value))
+            return 0
+        return super().cuGraphExecKernelNodeSetParams(exec_, node, params)
+
+
+def _stand_in_do_while():
+    """damped's structure (graph.py's split) with stand-in parts: before; loop(steps){ set_inner;
+    loop(inner){ A }; B }; after. The plans' tasks are chained but for A's two parallel sections."""
+    from qd_numba.graph import DoWhileKernel
+
+    names = ["before", "set_inner", "inner_body", "outer_rest", "after"]
+    leaves = {n: types.SimpleNamespace(name=n) for n in names}
+    outer_body = DoWhileKernel("damped", leaves["set_inner"], leaves["inner_body"], leaves["outer_rest"], 3, "inner")
+    top = DoWhileKernel("damped", leaves["before"], outer_body, leaves["after"], 2, "steps")
+    plans, keep = [], []
+    for k, (count, deps) in enumerate([(1, [[]]), (1, [[]]), (3, [[], [], [0, 1]]), (2, [[], [0]]), (1, [[]])]):
+        plan, cells = _stand_in_plan([4] * count, [100 * k + t for t in range(count)])
+        plan.graph = types.SimpleNamespace(deps=deps)
+        plans.append(plan)
+        keep.append(cells)
+    return top, tuple(plans), keep
+
+
+def test_device_do_while_graph_nests_conditional_while_nodes(monkeypatch):
+    from qd_numba.targets.cuda import do_while, graphs
+
+    driver = _StandInCondDriver()
+    monkeypatch.setattr(graphs, "_api", driver)
+    monkeypatch.setitem(do_while._state, "api", driver)
+    monkeypatch.setattr(do_while, "_set_function", lambda: 0x777)
+
+    def ok(err, what):
+        if err:
+            raise QuadrantsRuntimeError(f"CUDA driver error in {what}")
+
+    monkeypatch.setattr(do_while, "_ok", ok)
+    top, plans, keep = _stand_in_do_while()
+    loop = do_while.DeviceLoop(top)
+    assert [leaf.name for leaf in loop.leaves] == ["before", "set_inner", "inner_body", "outer_rest", "after"]
+    assert [dw.flag_name for dw in loop.loops] == ["steps", "inner"]
+    g = do_while._Graph(loop, plans, [0xF1, 0xF2])
+    calls = driver.calls
+    root = calls[0][1]
+    by_kind = {}
+    for c in calls:
+        by_kind.setdefault(c[0], []).append(c)
+    before, = [c for c in by_kind["add"] if c[4][3] == 0]
+    h_top = by_kind["handle"][0]
+    assert h_top[2:] == (root, 1, 1)                       # default 1, CU_GRAPH_COND_ASSIGN_DEFAULT
+    cond_top = by_kind["cond"][0]
+    assert cond_top[2:8] == (root, (before[1],), 13, h_top[1], 1, 1)   # WHILE after the before part
+    outer_body = cond_top[8]
+    set_inner, = [c for c in by_kind["add"] if c[4][3] == 100]
+    assert set_inner[2:4] == (outer_body, ())
+    # the nested loop: its handle lives in the outer body, set to 1 before its node on every pass
+    h_inner = by_kind["handle"][1]
+    assert h_inner[2] == outer_body
+    reset = by_kind["setcond"][0]
+    assert reset[2:] == (outer_body, (set_inner[1],), (h_inner[1], 0))
+    cond_inner = by_kind["cond"][1]
+    assert cond_inner[2:6] == (outer_body, (reset[1],), 13, h_inner[1])
+    inner_body = cond_inner[8]
+    a0, a1, a2 = [c for c in by_kind["add"] if 200 <= c[4][3] < 300]
+    assert [c[2:4] for c in (a0, a1, a2)] == [(inner_body, ()), (inner_body, ()), (inner_body, (a0[1], a1[1]))]
+    flag_inner = by_kind["setcond"][1]
+    assert flag_inner[2:] == (inner_body, (a2[1],), (h_inner[1], 0xF2))
+    b0, b1 = [c for c in by_kind["add"] if 300 <= c[4][3] < 400]
+    assert [c[2:4] for c in (b0, b1)] == [(outer_body, (cond_inner[1],)), (outer_body, (b0[1],))]
+    flag_top = by_kind["setcond"][2]
+    assert flag_top[2:] == (outer_body, (b1[1],), (h_top[1], 0xF1))
+    after, = [c for c in by_kind["add"] if c[4][3] == 400]
+    assert after[2:4] == (root, (cond_top[1],))
+    assert calls[-1][0] == "instantiate" and len(by_kind["instantiate"]) == 1
+
+    # a call that changed part 2's third task and the outer flag: two exec patches, no rebuild
+    calls.clear()
+    keep[2][2][0][2].value = 777
+    loop.graph = g
+    loop._patch(g, [(2, 0b100), (-1, 0xF9)], [0xF9, 0xF2])
+    assert [(c[0], c[1]) for c in calls] == [("set", a2[1]), ("set", flag_top[1])]
+    assert calls[0][2][3] == 777 and calls[1][2] == 0xF9 and loop.patches == 2 and g.pointers[0] == 0xF9
+
+    # a driver that refuses to patch nodes inside a conditional body: the graph is rebuilt
+    calls.clear()
+    driver.refuse_set = True
+    loop._patch(g, [(3, 0b1)], [0xF9, 0xF2])
+    assert loop.rebuild_on_change and loop.graph is not g and loop.builds == 1
+    kinds = [c[0] for c in calls]
+    assert kinds[0] == "create" and kinds.count("instantiate") == 1 and kinds[-1] == "instantiate"
+    assert [c[4][1] for c in calls if c[0] == "setcond"] == [0, 0xF2, 0xF9]    # from the new pointers
+    assert 777 in [c[4][3] for c in calls if c[0] == "add"]                 # and the cells as they are now
+    calls.clear()
+    loop._patch(loop.graph, [(0, 0b1)], [0xF9, 0xF2])                # from now on: rebuilt at once
+    assert [c[0] for c in calls].count("set") == 0 and loop.builds == 2
+
+
+def test_prepare_runner_writes_the_cells_and_returns_the_dirty_nodes_without_launching():
+    from qd_numba.targets.cuda.plan import _runner_source
+
+    log = []
+    plan = _runner_plan(log, auto_graph=False)
+    src, ns = _runner_source(plan, prepare=True)
+    exec(src, ns)
+    prepare = ns["make"]()
+    a, b = _view(0xA00), _view(0xB00)
+    assert prepare(a, 1.5, a) == 0b11
+    assert prepare(a, 1.5, a) == 0
+    assert prepare(b, 1.5, b) == 0b01
+    assert prepare(b, 2.5, b) == 0b10
+    assert log == [] and plan.cells["x"][4].value == 0xB00 and plan.cells["s"][0].value == 2.5
+
+
+@qd.kernel(graph=True)
+def two_loops(x: F64, a: I32_0D, b: I32_0D, s: qd.f64):
+    while qd.graph.do_while(a):
+        for i in range(x.shape[0]):
+            x[i] = x[i] + s
+        a[()] = a[()] - 1
+    while qd.graph.do_while(b):
+        for i in range(x.shape[0]):
+            x[i] = x[i] * 0.5
+        for i in range(1, x.shape[0]):      # empty for a 1-element x
+            x[i] = x[i] + 1.0
+        b[()] = b[()] - 1
+
+
+def _two_loops_ref(x, na, nb, s):
+    x = x + max(na, 1) * s
+    for _ in range(max(nb, 1)):
+        x *= 0.5
+        x[1:] += 1.0
+    return x
+
+
+def _do_while_calls(rng, device: bool):
+    """damped and two_loops called with new arrays, sizes (an empty loop), scalars and flags
+    between calls, and damped with numpy arrays (the host-side loop on every arch); returns
+    (results, the numpy references, flag reads on the host before the numpy call, the DeviceLoops
+    on CUDA)."""
+    from qd_numba import graph as graph_mod
+    from qd_numba.targets.cuda.do_while import DeviceLoop
+
+    reads = []
+    real = graph_mod._flag_value
+    graph_mod._flag_value = lambda flag: reads.append(1) or real(flag)
+    DeviceLoop.enabled = device
+    try:
+        got, want = [], []
+        counter, inner = qd.ndarray(qd.i32, ()), qd.ndarray(qd.i32, ())
+        for n, steps, k, new_flag in ((3000, 5, 0.3, False), (3000, 1, 0.3, False), (3000, 3, -0.2, False),
+                                      (700, 4, 0.3, True), (700, 2, 0.3, False)):
+            if new_flag:
+                counter = qd.ndarray(qd.i32, ())
+            x0 = rng.uniform(-1, 1, n)
+            x, v = qd.ndarray(qd.f64, n), qd.ndarray(qd.f64, n)
+            x.from_numpy(x0)
+            counter.from_numpy(np.array(steps, np.int32))
+            damped(x, v, counter, inner, k)
+            got.append((x.to_numpy(), v.to_numpy(), int(counter.to_numpy()), int(inner.to_numpy())))
+            want.append((*_damped_ref(x0, steps, k), 0, 0))
+        a, b = qd.ndarray(qd.i32, ()), qd.ndarray(qd.i32, ())
+        for n, na, nb, s in ((500, 3, 2, 0.5), (500, 1, 4, 0.25), (1, 2, 3, 0.25), (500, 2, 1, 0.25)):
+            x = qd.ndarray(qd.f64, n)
+            x0 = rng.uniform(-1, 1, n)
+            x.from_numpy(x0)
+            a.from_numpy(np.array(na, np.int32))
+            b.from_numpy(np.array(nb, np.int32))
+            two_loops(x, a, b, s)
+            got.append((x.to_numpy(), int(a.to_numpy()), int(b.to_numpy())))
+            want.append((_two_loops_ref(x0, na, nb, s), 0, 0))
+        loops = [getattr(kernel._first().backend(), "_device_loop", None) for kernel in (damped, two_loops)]
+        launches = [loop.launches for loop in loops if loop is not None]
+        flag_reads = len(reads)
+        x0 = rng.uniform(-1, 1, 64)
+        x_np, v_np, steps = x0.copy(), np.zeros(64), qd.ndarray(qd.i32, ())
+        steps.from_numpy(np.array(2, np.int32))
+        damped(x_np, v_np, steps, inner, 0.3)          # numpy arguments: the host-side loop
+        assert [loop.launches for loop in loops if loop is not None] == launches
+        got.append((x_np, v_np))
+        want.append(_damped_ref(x0, 2, 0.3))
+        assert len(reads) > flag_reads
+        return got, want, flag_reads, loops
+    finally:
+        graph_mod._flag_value = real
+        DeviceLoop.enabled = True
+
+
+def test_do_while_with_new_arguments_between_calls_equals_numpy(rng):
+    got, want, reads, _ = _do_while_calls(rng, device=False)
+    assert reads > 0
+    for g_set, r_set in zip(got, want):
+        for g, r in zip(g_set, r_set):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_cuda_device_do_while_equals_numpy_and_the_host_loop_with_no_host_reads(rng, on_cuda):
+    """Device-side loops (conditional WHILE nodes): nested loops, parallel sections, a statement
+    between loops, two loops in a row, new arrays / sizes / scalars / flags between calls: the
+    results equal numpy and the host-side loop, one cuGraphLaunch per call, no flag read."""
+    from qd_numba.targets.cuda.do_while import unavailable
+
+    assert unavailable() is None, unavailable()
+    seed = int(rng.integers(1 << 30))
+    dev, want, reads, loops = _do_while_calls(np.random.default_rng(seed), device=True)
+    host, _, host_reads, _ = _do_while_calls(np.random.default_rng(seed), device=False)
+    assert reads == 0 and host_reads > 0
+    assert loops[0].launches == 5 and loops[1].launches == 4
+    print("device do_while: rebuild_on_change", loops[0].rebuild_on_change, "patches", loops[0].patches,
+          "builds", loops[0].builds)
+    for got, ref, other in zip(dev, want, host):
+        for g, r, h in zip(got, ref, other):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(g, h, rtol=1e-13, atol=1e-15)

@@ -42,6 +42,12 @@ class KernelBackend:
         Targets without streams run the kernel as :meth:`call` does, synchronously."""
         return self.call(*args)
 
+    def do_while_loop(self, kernel):
+        """The device-side runner of the ``qd.graph.do_while`` kernel ``kernel`` (graph.py
+        ``DoWhileKernel``) whose first part is this kernel: ``run(args) -> bool``, False when it
+        left the call to the host-side loop; None: the host-side loop always."""
+        return None
+
     def tasks(self, args) -> list:
         """The Tasks of the instance these bound arguments select (compiling it if needed)."""
         raise NotImplementedError

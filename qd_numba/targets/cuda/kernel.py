@@ -89,6 +89,7 @@ class CudaKernel(KernelBackend):
             if p.kind == "scalar":
                 p.exact_types = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
         self.caller = self._make_launcher()
+        self._device_loop = None
 
     # -- the call path ---------------------------------------------------------------------------
     def make_caller(self):
@@ -152,14 +153,31 @@ class CudaKernel(KernelBackend):
                          f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
                          "    return plan",
                          f"def call_on(stream, nonblocking, {', '.join(args)}):", *(f"    {line}" for line in body),
-                         f"    return plan.on_stream()(stream, nonblocking, {', '.join(args + views)})"]) + "\n"
+                         f"    return plan.on_stream()(stream, nonblocking, {', '.join(args + views)})",
+                         f"def prepare({', '.join(args)}):", *(f"    {line}" for line in body),
+                         "    if plan.graph is None: return plan, None",
+                         f"    return plan, plan.prepare()({', '.join(args + views)})"]) + "\n"
         exec_generated(src, f"cuda call {self.kernel.qualname}", ns)
-        self._plan_for, self._call_on = ns["plan_for"], ns["call_on"]
+        self._plan_for, self._call_on, self._prepare = ns["plan_for"], ns["call_on"], ns["prepare"]
         return ns["call"]
 
     def call_on_stream(self, handle, args):
         """The call path with the launch on stream ``handle`` (LaunchPlan.on_stream)."""
         return self._call_on(handle, CudaRuntime.get().stream_nonblocking(handle), *args)
+
+    def prepare(self, args):
+        """(plan, dirty node bits) of these arguments: the call path up to the launch (the plan's
+        cells written, nothing launched; dirty is None when the plan has no graph)."""
+        return self._prepare(*args)
+
+    def do_while_loop(self, kernel):
+        """The device-side runner of the ``qd.graph.do_while`` kernel whose first part is this
+        kernel (do_while.py), kept with this backend (``qd.init`` drops both)."""
+        from .do_while import DeviceLoop
+
+        if self._device_loop is None or self._device_loop.kernel is not kernel:
+            self._device_loop = DeviceLoop(kernel)
+        return self._device_loop
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""

@@ -116,6 +116,7 @@ class LaunchPlan:
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
         self.stream_blocks = stream_blocks(self)    # qd.stream_parallel() groups: fork/join (stream_pool.py)
         self._run_on_stream = None
+        self._prepare = None
         # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless graphs are off
         # (QD_GRAPH=0) or each task must be launched and checked alone (debug) or timed (profiler)
         # Without graph=True, a plan of two or more tasks replays a graph too (qd.init(auto_graph=...)),
@@ -194,10 +195,20 @@ class LaunchPlan:
         raw = self.tmp_dev[off:off + dt.itemsize * count].copy_to_host()
         return read_return(raw, dt, self.kernel.return_type)
 
-    def _make_runner(self, on_stream=False):
-        src, ns = _runner_source(self, on_stream)
-        exec_generated(src, f"launch {self.kernel.qualname}{' on a stream' if on_stream else ''}", ns)
+    def _make_runner(self, on_stream=False, prepare=False):
+        src, ns = _runner_source(self, on_stream, prepare)
+        what = " on a stream" if on_stream else " (prepare)" if prepare else ""
+        exec_generated(src, f"launch {self.kernel.qualname}{what}", ns)
         return ns["make"]()
+
+    def prepare(self):
+        """``prepare(*args, *views) -> dirty``: :attr:`run` up to the launch, which it leaves to
+        the caller: the cells written, the grids updated, the bits of the graph nodes whose cells
+        changed returned (graph plans only; a device-side ``qd.graph.do_while`` launches the
+        nodes inside its own graph, targets/cuda/do_while.py)."""
+        if self._prepare is None:
+            self._prepare = self._make_runner(prepare=True)
+        return self._prepare
 
     def on_stream(self):
         """``run(stream, nonblocking, *args, *views)``: :attr:`run` with the launches on the
@@ -256,11 +267,12 @@ def _tuple_src(items) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
-def _runner_source(plan, on_stream=False):
+def _runner_source(plan, on_stream=False, prepare=False):
     """Source of ``make() -> run(*args, *ndarray views)`` for one plan, and its namespace;
     ``on_stream``: ``run(stream, nonblocking, *args, *views)`` launching on ``stream`` (word 1 of
     the packed array, put back to 0 after), behind a fence from and before a fence to the legacy
-    default stream when ``nonblocking`` (the copies and the return value's read run there).
+    default stream when ``nonblocking`` (the copies and the return value's read run there);
+    ``prepare`` (graph plans): everything before the launch, returning the dirty node bits.
 
     Per argument only what its kind needs: a scalar writes its cell; an ndarray re-patches
     its cells when its view is not the one of the last call (qd.ndarray views are cached, so
@@ -274,7 +286,7 @@ def _runner_source(plan, on_stream=False):
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET, "me": object()}
     state, body = [], []
     graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
-    auto = graph is not None and getattr(plan, "auto_graph", False)
+    auto = graph is not None and getattr(plan, "auto_graph", False) and not prepare
     if graph is not None:   # dirty: a bit per graph node that reads a cell this call changes
         ns["graph"] = graph
         body.append("dirty = 0")
@@ -368,6 +380,8 @@ def _runner_source(plan, on_stream=False):
         launch += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
                    "if status >= 0:",
                    "    plan._failed(status)"]
+    if prepare:
+        launch = ["return dirty"]
     if on_stream:
         ns["words"] = plan.packed
         body += ["if nonblocking: rt.fence(0, stream)", "words[1] = stream", "try:",
@@ -377,11 +391,12 @@ def _runner_source(plan, on_stream=False):
     else:
         body += launch
     # numpy arguments get what the tasks wrote before an error is raised, as on the CPU
-    for v in views.values():
+    for v in views.values() if not prepare else ():
         body.append(f"if {v}.host is not None: copy_back({v})")
-    if plan.error_words:
+    if plan.error_words and not prepare:
         body.append(f"plan._check_errors({_tuple_src(args)})")
-    body.append("return plan._result()" if plan.ret is not None else "return None")
+    if not prepare:
+        body.append("return plan._result()" if plan.ret is not None else "return None")
     names = [s.split(" = ")[0] for s in state]
     if names:   # the other runner of this plan (plain / on a stream) wrote the cells since: forget what they hold
         reset = [s for s in state if not s.startswith("pending")]

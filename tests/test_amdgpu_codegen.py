@@ -464,7 +464,7 @@ def on_fake_amdgpu(fake_hip, monkeypatch):
     """``qd.init(arch=qd.amdgpu)`` over :class:`_FakeHip` (launches are recorded, not run)."""
     from qd_numba.targets.base import target_for
 
-    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda cfg=None: None)
     qd.init(arch=qd.amdgpu)
     yield fake_hip
     qd.init(arch=qd.cpu)
@@ -664,7 +664,7 @@ def test_offline_cache_of_code_objects(fake_hip, monkeypatch, tmp_path, rng):
     from qd_numba import offline_cache
     from qd_numba.targets.base import target_for
 
-    monkeypatch.setattr(target_for("amdgpu"), "open", lambda: None)
+    monkeypatch.setattr(target_for("amdgpu"), "open", lambda cfg=None: None)
     options = {"arch": qd.amdgpu, "offline_cache": True, "offline_cache_file_path": str(tmp_path)}
 
     def define():

@@ -264,6 +264,12 @@ def launchers() -> Launchers:
 
 # -- the runtime: device, context table ---------------------------------------------------------------
 
+def _check_device_id(device_id: int | None, count: int) -> None:
+    if device_id is not None and not 0 <= device_id < count:
+        raise QuadrantsConfigError(f"device_id={device_id} (qd.init(device_id=...) or QD_DEVICE): no such CUDA "
+                                   f"device; {_device_list(count)}")
+
+
 class CudaRuntime:
     """Process-wide CUDA state: the device, the field context table, loaded modules."""
 
@@ -279,9 +285,7 @@ class CudaRuntime:
             raise QuadrantsRuntimeError("the CUDA backend needs an NVIDIA GPU and a CUDA driver; none was found")
         self.cuda = cuda
         self.device_count = len(cuda.gpus)
-        if device_id is not None and not 0 <= device_id < self.device_count:
-            raise QuadrantsConfigError(f"device_id={device_id} (qd.init(device_id=...) or QD_DEVICE): no such CUDA "
-                                       f"device; {_device_list(self.device_count)}")
+        _check_device_id(device_id, self.device_count)
         try:
             # numba-cuda pushes the device's primary context in this thread; None: the device
             # current in this thread (torch.cuda.set_device's), else device 0
@@ -327,6 +331,7 @@ class CudaRuntime:
             if rt is None:
                 rt = cls._instance = CudaRuntime(device_id)
             elif device_id is not None and rt.device_id != device_id:
+                _check_device_id(device_id, rt.device_count)    # an id out of range says so first
                 raise QuadrantsConfigError(f"qd.init(device_id={device_id}): this process already runs on CUDA device "
                                            f"{rt.device_id}; qd_numba uses one device per process (start one "
                                            "process per GPU, e.g. with torchrun)")

@@ -8,8 +8,11 @@ from .lowering import spaces as _lowering_spaces  # noqa: F401
 from .lowering import subscripts as _lowering_subscripts  # noqa: F401
 from .lowering import struct as _lowering_struct  # noqa: F401
 from .ops import matrix_methods as _matrix_methods  # noqa: F401
+from .typing import intrinsics as _intrinsics
 from . import (
     ad,  # noqa: E402  (qd.ad namespace)
+    graph,  # noqa: E402  (qd.graph namespace: do_while, parallel_context, parallel)
+    linalg,  # noqa: E402  (qd.linalg namespace)
     math,  # noqa: E402  (qd.math namespace)
     profiler,  # noqa: E402  (qd.profiler namespace)
     types,  # noqa: E402  (qd.types namespace)
@@ -78,6 +81,7 @@ from .lang import (
     static,
     static_assert,
     static_print,
+    stream_parallel,
 )
 from .math import (
     abs,
@@ -149,3 +153,5 @@ from .streams import Event, Stream, create_event, create_stream
 from .task import Task
 
 __version__ = "0.1.0"
+
+_intrinsics.install_core()   # cached intrinsic signatures skip the registry refresh

@@ -88,6 +88,7 @@ class Config:
     verify_each_pass: bool = False      # QD_VERIFY_EACH_PASS: full IR verifier after every pass
     kernel_profiler: bool = False       # QD_KERNEL_PROFILER: time every kernel call and task (qd.profiler)
     warp_reduce: bool = True            # QD_WARP_REDUCE: uniform-address atomics as per-thread partials
+    cuda_graph: bool = True             # QD_GRAPH: @qd.kernel(graph=True) replays CUDA graphs (off: plain launches)
     ad_stack_size: int = 0              # QD_AD_STACK_SIZE: adstack depth in words per thread (0: sized at launch)
     ad_stack_sizer: str = "auto"        # QD_AD_STACK_SIZER: auto | host | device (per-thread bounds' max-reduction)
     log_level: str | None = None        # QD_LOG_LEVEL: level of the "qd_numba" logger (None: logging's, warn)
@@ -103,6 +104,10 @@ class Config:
     advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
     short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
     cuda_stack_limit: int = 0           # bytes of CUDA stack per thread (0: the driver's default)
+    amdgpu_compile_check: bool = False  # QD_AMDGPU_COMPILE_CHECK: also compile every CPU kernel for AMDGPU (no GPU)
+    amdgpu_arch: str = "gfx942"         # QD_AMDGPU_ARCH: AMDGPU processors to compile for, comma-separated
+    amdgpu_lld: str = ""                # QD_AMDGPU_LLD: the ld.lld to link code objects ("": found, docs/amdgpu.md)
+    amdgpu_device_libs: str = ""        # QD_AMDGPU_DEVICE_LIBS: ROCm's device bitcode directory ("": from ROCm)
     quadrants_options: dict = dataclasses.field(default_factory=dict)   # accepted Quadrants options without effect
 
     def for_kernel(self, *, fuse: bool | None, graph: bool) -> Config:
@@ -170,6 +175,27 @@ def _env_default_type(name: str, allowed) -> types.Type | None:
     raise QuadrantsConfigError(f"{name}={raw!r}: expected one of {', '.join(str(t.bitwidth) for t in allowed)}")
 
 
+def rocm_root() -> str:
+    """The ROCm installation: ``ROCM_PATH`` (ROCm's own variable), else /opt/rocm."""
+    return os.environ.get("ROCM_PATH", "").strip() or "/opt/rocm"
+
+
+def _rocm_bitcode_dir() -> str:
+    """ROCm's device bitcode directory (``<ROCm>/amdgcn/bitcode``), or "" when there is none."""
+    path = os.path.join(rocm_root(), "amdgcn", "bitcode")
+    return path if os.path.isdir(path) else ""
+
+
+def amdgpu_archs(cfg: Config) -> tuple[str, ...]:
+    """The AMDGPU processors of ``cfg.amdgpu_arch`` (a comma-separated list or a sequence)."""
+    raw = cfg.amdgpu_arch
+    names = raw.split(",") if isinstance(raw, str) else list(raw)
+    archs = tuple(n.strip().lower() for n in names if n.strip())
+    if not archs:
+        raise QuadrantsConfigError(f"amdgpu_arch={raw!r}: expected AMDGPU processor names such as 'gfx942'")
+    return archs
+
+
 def config_from_env(**overrides) -> Config:
     level = os.environ.get("QD_LOG_LEVEL", "").strip()
     cfg = Config(
@@ -192,10 +218,15 @@ def config_from_env(**overrides) -> Config:
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
+        cuda_graph=env_flag("QD_GRAPH", True),
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
+        amdgpu_compile_check=env_flag("QD_AMDGPU_COMPILE_CHECK"),
+        amdgpu_arch=os.environ.get("QD_AMDGPU_ARCH", "").strip() or "gfx942",
+        amdgpu_lld=os.environ.get("QD_AMDGPU_LLD", "").strip(),
+        amdgpu_device_libs=os.environ.get("QD_AMDGPU_DEVICE_LIBS", "").strip() or _rocm_bitcode_dir(),
     )
     cfg.default_fp = _env_default_type("QD_DEFAULT_FP", DEFAULT_FP_TYPES) or cfg.default_fp
     cfg.default_ip = _env_default_type("QD_DEFAULT_IP", DEFAULT_IP_TYPES) or cfg.default_ip

@@ -18,6 +18,7 @@ import threading
 import weakref
 
 from . import config, dtypes, runtime, streams
+from . import graph as graph_rules
 from .errors import QuadrantsError, QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsTypeError
 from .field import Ndarray
 from .frontend.args import Param, evaluate_annotation, grad_parameter, param_kind, return_type_of
@@ -81,6 +82,8 @@ class Kernel(KernelObject):
         returns = evaluate_annotation(fn, self.name, "the return value", sig.return_annotation)
         if returns is not inspect.Signature.empty and returns is not None:
             self._returns = returns if returns in (int, float) else return_type_of(self.name, returns)
+        if graph:
+            graph_rules.check_returns(self.name, self._returns)
         self._lock = threading.RLock()
         self._ir = {}
         self._backend = None
@@ -322,7 +325,8 @@ def _ndarray_gradients(kernel, call):
 
 
 def kernel(fn=None, *, graph: bool = False, fuse=None):
-    """Decorator: a kernel whose top-level for loops run in parallel."""
-    if fn is None:
-        return lambda f: Kernel(f, graph=graph, fuse=fuse)
-    return Kernel(fn, graph=graph, fuse=fuse)
+    """Decorator: a kernel whose top-level for loops run in parallel (``graph=True``: qd/graph.py)."""
+    def make(f):
+        return graph_rules.prepare(f, graph, lambda g: Kernel(g, graph=graph, fuse=fuse))
+
+    return make if fn is None else make(fn)

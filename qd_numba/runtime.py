@@ -2,10 +2,10 @@
 
 ``qd.init(arch=...)`` selects the backend for kernels compiled afterwards. ``qd.cpu`` (the
 default) always works; ``qd.x64``/``qd.x86_64``/``qd.arm64`` name it on a host of that kind.
-``qd.cuda``/``qd.gpu`` need an NVIDIA GPU and numba-cuda; ``qd.amdgpu`` needs numba-hip and
-ROCm; when they are missing, ``qd.init`` raises QuadrantsRuntimeError saying what is missing
-instead of falling back silently. Quadrants' other backends (``qd.metal``, ``qd.vulkan``) are
-not backends of qd_numba: naming one is an error too.
+``qd.cuda`` needs an NVIDIA GPU and numba-cuda; ``qd.amdgpu`` an AMD GPU, ROCm and hip-python
+(docs/amdgpu.md); ``qd.gpu`` is the first of the two found; when they are missing, ``qd.init``
+raises QuadrantsRuntimeError saying what is missing instead of falling back silently. Quadrants'
+other backends (``qd.metal``, ``qd.vulkan``) are not backends of qd_numba: naming one is an error too.
 
 ``qd.init`` also resets the state of ``qd.random`` (random_state.py) and drops every kernel's
 compiled code (kernel.py registers that with :func:`on_init`: the runtime knows no kernel). It
@@ -82,9 +82,8 @@ def init(arch=None, default_fp=None, default_ip=None, _test_mode=False, enable_f
         raise QuadrantsRuntimeError(f"{where}: unsupported arch {arch!r}; qd_numba's backends are {_BACKENDS}")
     if arch in (cuda, gpu):
         arch = _open_gpu(arch, enable_fallback)
-    if arch == amdgpu:
-        raise QuadrantsRuntimeError("qd.init(arch=amdgpu): needs numba-hip and a ROCm installation; "
-                                    "neither is available here")
+    elif arch == amdgpu:
+        target_for(amdgpu).open()
     new_config = config.config_from_env(arch=arch, **overrides, **options)
     _install(new_config)
     target_for(new_config.arch).configure(new_config)
@@ -103,17 +102,23 @@ def _install(new_config: config.Config) -> None:
 
 
 def _open_gpu(arch: str, enable_fallback: bool | None) -> str:
-    """``cuda``, its device and context opened now (a missing GPU is an error of ``qd.init``), or
-    ``cpu`` where ``enable_fallback`` allows it, with a warning."""
-    try:
-        target_for(cuda).open()
-        return cuda
-    except QuadrantsRuntimeError as e:
-        if not (enable_fallback if enable_fallback is not None else arch == gpu):
-            raise
-        warnings.warn(f"qd.init(arch=qd.{arch}): no usable GPU, falling back to qd.cpu ({e})", QuadrantsWarning,
-                      stacklevel=3)
-        return cpu
+    """The GPU target opened now (a missing GPU is an error of ``qd.init``): ``cuda`` for
+    ``qd.cuda``; for ``qd.gpu`` the first of ``cuda``, ``amdgpu`` that opens; or ``cpu`` where
+    ``enable_fallback`` allows it, with a warning."""
+    errors = []
+    for candidate in (cuda, amdgpu) if arch == gpu else (cuda,):
+        try:
+            target_for(candidate).open()
+            return candidate
+        except QuadrantsRuntimeError as e:
+            errors.append(e)
+    if not (enable_fallback if enable_fallback is not None else arch == gpu):
+        if len(errors) == 1:
+            raise errors[0]
+        raise QuadrantsRuntimeError(f"qd.init(arch=qd.{arch}): no usable GPU: " + "; ".join(map(str, errors)))
+    warnings.warn(f"qd.init(arch=qd.{arch}): no usable GPU, falling back to qd.cpu ({'; '.join(map(str, errors))})",
+                  QuadrantsWarning, stacklevel=3)
+    return cpu
 
 
 def set_default_types(default_fp=None, default_ip=None) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from . import config
 from .errors import QuadrantsRuntimeError, QuadrantsTypeError
+from .graph import stream_error
 
 
 def _cuda_runtime():
@@ -173,6 +174,8 @@ def call_on_stream(kernel, stream, args):
     if kernel.autodiff_mode is not None and stream is not None:
         raise QuadrantsRuntimeError(f"{where}: qd_stream= is not supported for derivative kernels (kernel.grad, "
                                     "forward mode); launch it without qd_stream=")
+    if kernel.graph and stream is not None:
+        raise stream_error(kernel.name)
     handle = stream_handle(stream, where)
     backend = kernel.backend()
     return backend.call(*args) if handle == 0 else backend.call_on_stream(handle, args)

@@ -40,7 +40,7 @@ class Task:
     accesses: tuple = ()            # accesses.Access per access to global data (address fingerprints)
     reads: frozenset = frozenset()  # names of the fields/ndarray arguments the task reads
     writes: frozenset = frozenset()  # ... and writes (stores, atomics, unknown uses)
-    stream_group: int = 0           # tasks of different qd.stream_parallel groups never fuse (hook)
+    stream_group: int = 0           # its qd.stream_parallel() block (1, 2, ...; 0: none): docs/streams.md
     # variable -> Numba type on the target that compiled the task (passes/task_types.py); None
     # before typing. Not part of the task's identity: the Task list is the same on every target
     types: dict | None = dataclasses.field(default=None, compare=False, repr=False)

@@ -79,6 +79,21 @@ def _scalar(dtype) -> types.Type:
         raise QuadrantsTypeError(f"not a qd dtype: {dtype!r}") from None
 
 
+class sparse_matrix_builder(Template):
+    """``qd.types.sparse_matrix_builder()``: a ``qd.linalg.SparseMatrixBuilder`` parameter, filled
+    with ``A[i, j] += v`` (passed as a template: one compiled instance per builder)."""
+
+    def __repr__(self):
+        return "qd.types.sparse_matrix_builder()"
+
+    @staticmethod
+    def check_argument(where: str, value) -> None:
+        if not hasattr(type(value), "qd_subscript_updates"):
+            raise QuadrantsTypeError(f"{where}: a qd.types.sparse_matrix_builder() parameter takes a "
+                                     f"qd.linalg.SparseMatrixBuilder, got {type(value).__name__}")
+
+
 template = Template
-__all__ = ["ndarray", "NDArray", "template", "vector", "matrix", "struct", "is_integral", "is_real", "is_signed",
+__all__ = ["ndarray", "sparse_matrix_builder",
+           "NDArray", "template", "vector", "matrix", "struct", "is_integral", "is_real", "is_signed",
            "is_unsigned", "is_tensor"]

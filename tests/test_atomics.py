@@ -68,6 +68,33 @@ def test_compaction_atomic_add_returns_old(rng):
     assert np.all(out[k:] == 99.0)
 
 
+@qd.func
+def append_value(out: qd.template(), value):
+    k = qd.atomic_add(counter[None], 1)
+    out[k] = value
+
+
+@qd.kernel
+def compact_pairs(v: qd.types.ndarray(dtype=qd.f32, ndim=2), out: qd.types.ndarray(dtype=qd.f32, ndim=1),
+                  thr: qd.f32) -> qd.i32:
+    counter[None] = 0
+    for i in range(v.shape[0]):
+        for c in qd.static(range(2)):
+            if v[i, c] > thr:
+                append_value(out, v[i, c])
+    return counter[None]
+
+
+def test_atomic_in_func_called_in_static_loop_stays_atomic(rng):
+    """The func's temporaries are renamed in each unrolled copy; x[i] must stay its target."""
+    v = rng.uniform(-1, 1, (3000, 2)).astype(np.float32)
+    out = np.full(6000, 99.0, np.float32)
+    k = compact_pairs(v, out, 0.3)
+    sel = v[v > 0.3]
+    assert k == len(sel)
+    np.testing.assert_array_equal(np.sort(out[:k]), np.sort(sel))
+
+
 acc = qd.field(qd.i32, shape=(7,))
 
 

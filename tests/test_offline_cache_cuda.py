@@ -27,6 +27,7 @@ from qd_numba import config, offline_cache
 from qd_numba.errors import QuadrantsWarning
 from qd_numba.field import ArrayData
 from qd_numba.targets.cuda import plan as cuda_plan
+from qd_numba.targets.cuda import toolchain
 
 pytestmark = pytest.mark.no_cuda_compile_check   # the tests compile for CUDA themselves
 
@@ -68,9 +69,9 @@ def define(n=48, source=SOURCE, offset=0.5):
 PARAM_TYPES = {"a": types.Array(types.float32, 1, "C"), "s": types.float32}
 
 
-def compiled_binary(kernel, cc=(9, 0)):
+def compiled_binary(kernel, cc=(9, 0), param_types=PARAM_TYPES):
     """(PlanBinary, fields) of ``kernel`` compiled for CUDA as the compile check does (no GPU)."""
-    state = cuda_plan.compile_state(kernel, PARAM_TYPES, {})
+    state = cuda_plan.compile_state(kernel, param_types, {})
     plan_ir, compiled, temp_types = cuda_plan.compile_tasks(kernel, state, cc, cuda_plan.kernel_field_slots(state))
     return cuda_plan.plan_binary(kernel, state, plan_ir, compiled, temp_types, cuda_plan.cache_target(cc)), state.hidden
 
@@ -101,6 +102,25 @@ def test_the_plan_binary_survives_pickling_and_binds_this_process_fields(rng):
     a = rng.random(int(rng.integers(1, 99))).astype(np.float32)
     assert fn((a, 1.0)) == (n, a.shape[0])
     assert len(fields) == 2
+
+
+FIELD_LOOPS = """
+@qd.kernel
+def scale(s: qd.f32):
+    for i in x:
+        y[i] = x[i] * s
+    for j in range(y.shape[0] // 2):
+        x[j] = y[j] + OFFSET
+"""
+
+
+def test_iteration_counts_of_field_loops_are_stored_computed(rng):
+    """Loops over fields only have counts fixed by the fields' shapes, which are in the key: the
+    binary stores the counts, and a cache hit runs no host code for them."""
+    n = int(rng.integers(5, 500))
+    binary, _ = compiled_binary(define(n=n, source=FIELD_LOOPS)["scale"], param_types={"s": types.float32})
+    again = pickle.loads(pickle.dumps(binary))
+    assert again.totals is None and again.static_totals == (n, n // 2)
 
 
 def test_a_debug_plan_binary_keeps_its_error_words_and_raises():
@@ -270,20 +290,57 @@ def test_a_cached_cuda_debug_kernel_still_raises_out_of_bounds(tmp_path, rng):
 
 
 
-@pytest.mark.cuda
-def test_qd_init_finds_the_cache_key_toolchain_in_the_background(tmp_path):
-    """qd.init(arch=qd.cuda) with the offline cache on starts a thread that asks the NVVM and
-    nvJitLink versions for the cache keys, so a warm process's first call finds them ready."""
-    import threading
+@pytest.fixture
+def fresh_toolchain(tmp_path, monkeypatch):
+    """The toolchain module as in a new process, with the offline cache in ``tmp_path``."""
+    monkeypatch.setattr(toolchain, "_known", None)
+    monkeypatch.setattr(toolchain, "_asked", False)
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=str(tmp_path))
+    yield tmp_path
+    qd.init()
 
-    cuda_plan.cache_target.cache_clear()
-    qd.init(arch=qd.cuda, offline_cache=True, offline_cache_file_path=str(tmp_path))
-    try:
-        for t in threading.enumerate():
-            if t.name == "qd_numba-cache-key":
-                t.join(timeout=60)
-        assert cuda_plan.cache_target.cache_info().currsize == 1
-        cc = cuda_plan.CudaRuntime.get().cc
-        assert cuda_plan.cache_target(cc).startswith(f"cuda-sm{''.join(map(str, cc))}-nvvm")
-    finally:
-        qd.init()
+
+def _new_process(monkeypatch):
+    monkeypatch.setattr(toolchain, "_known", None)
+    monkeypatch.setattr(toolchain, "_asked", False)
+
+
+def test_toolchain_versions_are_recorded_and_then_read_without_loading_the_libraries(fresh_toolchain, monkeypatch):
+    """The first process asks NVVM and nvJitLink and records them; a later one takes the record
+    while the recorded libraries are unchanged on disk, and asks again when one changed."""
+    real, libraries = toolchain._ask()
+    assert toolchain.versions() == real and toolchain._asked
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+
+    _new_process(monkeypatch)
+    asked = []
+    monkeypatch.setattr(toolchain, "_ask", lambda: asked.append(1) or (real, libraries))
+    assert toolchain.versions() == real and not asked
+
+    _new_process(monkeypatch)
+    stale = tuple((path, size + 1, mtime) for path, size, mtime in libraries)
+    offline_cache.store_blob(toolchain._record_key(), ("nvvm-old", stale))
+    assert toolchain.versions() == real and asked == [1]
+
+
+def test_a_record_that_disagrees_with_the_libraries_is_rewritten_by_the_first_compile(fresh_toolchain, monkeypatch):
+    real, libraries = toolchain._ask()
+    offline_cache.store_blob(toolchain._record_key(), ("nvvm-recorded", libraries))
+    assert toolchain.versions() == "nvvm-recorded"            # lookups use the record ...
+    assert toolchain.confirm() == real                         # ... a compile asks the libraries
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+    _new_process(monkeypatch)
+    assert toolchain.versions() == real and not toolchain._asked
+
+
+def test_a_damaged_toolchain_record_is_discarded_and_asked_again(fresh_toolchain, monkeypatch):
+    real, _ = toolchain._ask()
+    toolchain.versions()
+    path = offline_cache.Lookup(toolchain._record_key(), {}, offline_cache.cache_root()).path
+    with open(path, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\x00" * 8)
+    _new_process(monkeypatch)
+    with pytest.warns(QuadrantsWarning, match="discarding"):
+        assert toolchain.versions() == real
+    assert toolchain._asked

@@ -155,6 +155,15 @@ INT_TYPES = frozenset({int, bool, np.bool_, np.int8, np.int16, np.int32, np.int6
 NUMBER_TYPES = INT_TYPES | {float, np.float16, np.float32, np.float64}
 
 
+def template_argument(where: str, param, value):
+    """``value`` for template parameter ``param``; an annotation that restricts its values
+    (``qd.types.sparse_matrix_builder()``) checks it with its ``check_argument(where, value)``."""
+    check = getattr(param.annotation, "check_argument", None)
+    if check is not None:
+        check(where, value)
+    return value
+
+
 def template_key(value):
     if isinstance(value, (int, float, bool, str, type(None))):
         return (type(value), value)

@@ -1,5 +1,6 @@
 """Language constructs that kernels use by name: ``qd.ndrange``, ``qd.grouped``, ``qd.static``,
-``qd.static_print``, ``qd.static_assert``, ``qd.atomic_*``, ``qd.random``, ``qd.loop_config``.
+``qd.static_print``, ``qd.static_assert``, ``qd.atomic_*``, ``qd.random``, ``qd.loop_config``,
+``qd.stream_parallel``.
 
 Inside kernels most of these are compile-time markers: the passes recognise the objects
 defined here (by identity) and rewrite them — ``qd.static`` is folded, ``ndrange``/``grouped``
@@ -16,6 +17,7 @@ so it imports none of them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -62,6 +64,14 @@ def static_assert(cond, msg=None):
 
 def loop_config(*, serialize: bool = False, block_dim: int | None = None, parallelize: int | None = None):
     """Options for the next top-level loop (``serialize=True`` runs it on one thread)."""
+
+
+@contextlib.contextmanager
+def stream_parallel():
+    """``with qd.stream_parallel():`` at a kernel's top level: the loops of consecutive blocks run
+    concurrently, each block on its own GPU stream (passes/stream_blocks.py, docs/streams.md).
+    In Python scope it does nothing."""
+    yield
 
 
 def _atomic_python(op):

@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
+from .array_struct import array_struct
 from .device import _sreg, is_cuda_context
 
 _I64 = llir.IntType(64)
@@ -69,7 +70,7 @@ def ad_stack_open(typingctx, desc):
     def codegen(context, builder, sig, args):
         arr = cgutils.create_struct_proxy(desc)(context, builder, value=args[0]).arr \
             if isinstance(desc, FieldType) else args[0]
-        data = context.make_array(arrty)(context, builder, arr).data
+        data = array_struct(context, builder, arrty, arr).data
         words = [builder.load(builder.gep(data, [_I64(k)])) for k in range(3)]
         heap, depth, rows = words
         slot = _thread_slot(context, builder)

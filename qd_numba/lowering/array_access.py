@@ -23,6 +23,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..errors import QuadrantsTypeError, typing_error
+from .array_struct import array_struct
 from .field import _index_arity, _index_values, bounds_check
 
 
@@ -31,7 +32,7 @@ def _is_element_access(arr, idx) -> bool:
 
 
 def _element_pointer(context, builder, arrty, arrval, idxty, idxval, checked=False):
-    ary = context.make_array(arrty)(context, builder, arrval)
+    ary = array_struct(context, builder, arrty, arrval)
     shape = cgutils.unpack_tuple(builder, ary.shape, arrty.ndim)
     strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
     raw, raw_types = _index_values(builder, idxty, idxval)

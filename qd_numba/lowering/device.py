@@ -20,6 +20,8 @@ from numba.core import cgutils, types
 from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
 
+from .array_struct import array_struct
+
 TEMP_SLOT_BYTES = 64
 
 
@@ -92,8 +94,12 @@ def c_strides(shape, itemsize):
 
 @intrinsic
 def field_from_ctx(typingctx, ctx, slot, token):
-    """The field in context slot ``slot`` (a constant), typed ``token.ty`` (a FieldType)."""
-    if not (isinstance(token, TypeTokenType) and isinstance(slot, types.IntegerLiteral)):
+    """The field in context slot ``slot`` (a constant in the IR), typed ``token.ty`` (a
+    FieldType). The slot is typed as a plain integer, not a literal: one signature serves every
+    slot, so a kernel's tasks type and register this intrinsic once per field layout instead of
+    once per field (each new signature refreshes numba-cuda's registries); the lowered constant
+    folds into the table load all the same."""
+    if not (isinstance(token, TypeTokenType) and isinstance(slot, types.Integer)):
         return None
     fty = token.ty
     shape = token.shape
@@ -103,14 +109,14 @@ def field_from_ctx(typingctx, ctx, slot, token):
         arrty = fty.array_type
         i64 = llir.IntType(64)
         table = builder.inttoptr(args[0], i64.as_pointer())
-        cell = builder.gep(table, [llir.Constant(i64, slot.literal_value)])
+        cell = builder.gep(table, [context.cast(builder, args[1], sig.args[1], types.int64)])
         raw = builder.load(cell)
         # the table only changes between launches: let NVVM use the read-only data path
         raw.set_metadata("invariant.load", builder.module.add_metadata([]))
         dtype_ll = context.get_data_type(arrty.dtype)
         data = builder.inttoptr(raw, dtype_ll.as_pointer())
         itemsize = context.get_abi_sizeof(dtype_ll)
-        ary = context.make_array(arrty)(context, builder)
+        ary = array_struct(context, builder, arrty)
         intp = context.get_value_type(types.intp)
         context.populate_array(
             ary, data=data,

@@ -27,6 +27,7 @@ from numba.extending import intrinsic, overload, overload_attribute, overload_me
 from ..errors import QuadrantsIndexError, QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
+from .array_struct import array_struct
 from .matrix import matrix_from_tuple, matrix_to_tuple
 from .raising import raise_user_error
 
@@ -99,7 +100,7 @@ def _component_pointers(context, builder, ty, val, idxty, idxval):
     """Pointers to each component of the selected element, bounds-checked if ``ty.checked``."""
     dtype, ndim, elem_shape, checked, arrty = _layout(ty)
     arrval = cgutils.create_struct_proxy(ty)(context, builder, value=val).arr if isinstance(ty, FieldType) else val
-    ary = context.make_array(arrty)(context, builder, arrval)
+    ary = array_struct(context, builder, arrty, arrval)
     shape = cgutils.unpack_tuple(builder, ary.shape, arrty.ndim)
     strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
     raw, raw_types = _index_values(builder, idxty, idxval)

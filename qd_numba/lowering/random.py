@@ -30,6 +30,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..typing.field import FieldType
+from .array_struct import array_struct
 
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
@@ -133,7 +134,7 @@ def launch_key(typingctx, state):
     def codegen(context, builder, sig, args):
         fty = sig.args[0]
         arr = cgutils.create_struct_proxy(fty)(context, builder, value=args[0]).arr
-        data = context.make_array(fty.array_type)(context, builder, value=arr).data
+        data = array_struct(context, builder, fty.array_type, arr).data
         seed_ptr, launch_ptr = builder.gep(data, [I64(0)]), builder.gep(data, [I64(1)])
         launch = builder.load(launch_ptr)
         builder.store(builder.add(launch, I64(1)), launch_ptr)

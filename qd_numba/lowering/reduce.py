@@ -30,6 +30,7 @@ from numba.extending import intrinsic, overload
 from ..errors import QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
+from .array_struct import array_struct
 from .field import _layout, element_atomic
 from .matrix import matrix_from_tuple, matrix_to_tuple
 from .subscripts import as_index_tuple
@@ -287,13 +288,13 @@ def reduction_cell(typingctx, buf, k, like):
     def codegen(context, builder, sig, args):
         bufty = sig.args[0]
         field = cgutils.create_struct_proxy(bufty)(context, builder, value=args[0])
-        src = context.make_array(bufty.array_type)(context, builder, field.arr)
+        src = array_struct(context, builder, bufty.array_type, field.arr)
         i8p = llir.IntType(8).as_pointer()
         raw = builder.gep(builder.bitcast(src.data, i8p), [llir.IntType(64)(k.literal_value * CELL_BYTES)])
         dtype_ll = context.get_data_type(ty)
         itemsize = context.get_abi_sizeof(dtype_ll)
         intp = context.get_value_type(types.intp)
-        ary = context.make_array(arrty)(context, builder)
+        ary = array_struct(context, builder, arrty)
         context.populate_array(ary, data=builder.bitcast(raw, dtype_ll.as_pointer()), shape=[intp(count)],
                                strides=[intp(CELL_BYTES)], itemsize=intp(itemsize), meminfo=None)
         return ary._getvalue()

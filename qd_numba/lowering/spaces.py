@@ -19,6 +19,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..typing.field import FieldType
+from .array_struct import array_struct
 from .raising import raise_user_error
 
 I64 = types.int64
@@ -128,7 +129,7 @@ def shape_space(typingctx, x):
         value = llargs[0]
         if isinstance(x, FieldType):
             value = cgutils.create_struct_proxy(x)(context, builder, value=value).arr
-        arr = context.make_array(arrty)(context, builder, value=value)
+        arr = array_struct(context, builder, arrty, value)
         shape = cgutils.unpack_tuple(builder, arr.shape, arrty.ndim)
         if getattr(x, "levels", None):    # a blocked layout: the index shape is a constant
             shape = [llir.Constant(context.get_value_type(types.intp), n) for n in x.logical_shape]

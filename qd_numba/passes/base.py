@@ -72,6 +72,8 @@ class CompileState:
     random_state: object = None     # () -> qd.random's state field (random_state.state_field)
     autodiff_mode: str | None = None  # "reverse": the gradient kernel (passes/autodiff.py)
     adstacks: list = dataclasses.field(default_factory=list)     # adstack.AdStack per gradient task with loops
+    stream_groups: dict = dataclasses.field(default_factory=dict)  # label -> qd.stream_parallel group (1, 2, ...)
+    graph: bool = False             # @qd.kernel(graph=True)
 
     @property
     def ir(self):

@@ -170,6 +170,9 @@ class FoldStatic:
             # each copy gets its own names for variables that live only in the body, so every
             # copy's loop target (a field, a func) has a single definition later passes can follow
             renames = {name: _fresh(scope, name, taken, shape.loc) for name in sorted(private)}
+            # a renamed temporary of an inlined func stays a temporary (qd.atomic_add(x[i], v)
+            # in a func called in the body must still target x[i], passes/rewrite_subscripts.py)
+            state.inlined_temps.update(new.name for old, new in renames.items() if old in state.inlined_temps)
             for lbl in body_labels:
                 new = copy_ir(ir, blocks[lbl])
                 retarget(ir, new, {**mapping, shape.header: continue_to})

@@ -29,6 +29,7 @@ from ..typing.matrix import MatrixType
 from .base import MISSING, try_static
 from .ir_builder import emit_call
 from .return_rules import return_in_control_flow, return_problem
+from .stream_blocks import reject_with_in_func
 
 
 class InlineFuncs:
@@ -91,6 +92,7 @@ class InlineFuncs:
             if problem is not None:
                 message, loc = problem
                 raise state.error(QuadrantsSyntaxError, f"qd.func '{callee.name}': {message}", loc)
+        reject_with_in_func(state, callee_ir, callee.name)
         worker = tools.inline.InlineWorker(validator=None)
         _, callee_blocks, var_dict, new_blocks = worker.inline_ir(
             state.func_ir, block, i, callee_ir, callee.fn.__code__.co_freevars)

@@ -96,7 +96,8 @@ class Offload:
             grouped.append(info["grouped"])
             state.tasks.append(Task.make(task_prefix(state), index, "range_for",
                                          ndim=info["ndim"], loc=_loc_str(shape.loc), serialize=serialize,
-                                         header=shape.header, body=frozenset(shape.body)))
+                                         header=shape.header, body=frozenset(shape.body),
+                                         stream_group=state.stream_groups.get(shape.header, 0)))
         state.refresh_definitions()
         state.tasks = [task.renumbered(task.index, bounds=task_bounds(state, lp.space_var, grouped=g))
                        for task, lp, g in zip(state.tasks, state.loops, grouped)]

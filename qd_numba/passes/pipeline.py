@@ -32,6 +32,7 @@ from .resolve_globals import CheckGlobals, ResolveGlobals
 from .return_rules import ReturnRules
 from .rewrite_subscripts import RewriteSubscripts
 from .sparse import RewriteSparse
+from .stream_blocks import MarkStreamBlocks, TagSerialStreamGroups
 from .structs import RewriteStructs
 from .verify import verify_final, verify_ir
 
@@ -53,9 +54,10 @@ UNTYPED_PIPELINE = (
     Stage("bind", (BindArguments,)),
     Stage("compile-time evaluation", (RewriteStructs, ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic,
                                       RemoveDeadPure), fixed_point=True),
-    Stage("rewrites", (CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSparse, RewriteSubscripts,
-                       CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
-    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, CfgOptimize)),
+    Stage("rewrites", (MarkStreamBlocks, CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSparse,
+                       RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
+    Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, TagSerialStreamGroups,
+                    CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode)),
 )
 

@@ -17,6 +17,10 @@ rewrites the statements that need that knowledge (``S`` a struct field known at 
 ``p.v.x = V``, ``p.v[k] = V``      the update of the temporary ``p.v``, then ``p = member_store(p, "v", $t)``
 ``p.method(args)``                 ``T.method(p, args)``, when ``p``'s struct type is known here
 ``obj.method(args)`` (bound)       ``method(obj, args)`` (``@qd.func`` methods of data-oriented objects)
+``O[I] += V``, ``O[I] -= V``       ``f(O, I, V)``, ``O`` a compile-time object whose class maps ``"add"``/
+                                   ``"sub"`` to a ``@qd.func`` ``f`` in ``qd_subscript_updates``
+                                   (``qd.linalg.SparseMatrixBuilder``); ``O[I]`` used any other way
+                                   is a ``QuadrantsSyntaxError``
 =================================  ===================================================================
 
 A local's struct type is known before typing when every definition of it is a constructor call,
@@ -26,6 +30,8 @@ struct type, or a copy of one of those. Never touches control flow.
 
 from __future__ import annotations
 
+import operator
+
 from ..errors import QuadrantsSyntaxError, QuadrantsTypeError
 from ..frontend.objects import BoundQdFunc, QdFunc
 from ..lowering.struct import member_store
@@ -34,6 +40,8 @@ from ..typing.matrix import SWIZZLE
 from ..typing.struct import StructType, unknown_member
 from .base import MISSING, try_static
 from .ir_builder import emit_call
+
+_UPDATE_OPS = {operator.iadd: "add", operator.isub: "sub"}
 
 
 def _struct_field_item(state, var):
@@ -57,6 +65,8 @@ class RewriteStructs:
         self.state, self.ir = state, state.ir
         changed = False
         state.refresh_definitions()
+        # O[I] op= V across blocks (V a conditional expression): its pieces, by variable name
+        self.object_reads, self.object_reads_used, self.object_updates = {}, set(), {}
         for block in state.func_ir.blocks.values():
             self.block, self.out, self.member_vars = block, [], {}
             block_changed = False
@@ -69,6 +79,7 @@ class RewriteStructs:
             if block_changed:
                 block.body = self.out
                 changed = True
+        self._check_object_items_used()
         if changed:
             state.refresh_definitions()
         return changed
@@ -118,6 +129,9 @@ class RewriteStructs:
     # -- the rows of the table -----------------------------------------------------------------------------
     def _rewrite(self, stmt) -> bool:
         ir = self.ir
+        if isinstance(stmt, ir.Assign) and isinstance(stmt.value, (ir.Expr, ir.Var)) \
+                and self._object_item_update(stmt, stmt.value):
+            return True
         if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr):
             expr = stmt.value
             if expr.op == "call":
@@ -131,7 +145,7 @@ class RewriteStructs:
                 return self._struct_for(stmt, expr)
             return False
         if isinstance(stmt, (ir.SetItem, ir.StaticSetItem)):
-            return self._element_store(stmt) or self._member_item_store(stmt)
+            return self._object_item_store(stmt) or self._element_store(stmt) or self._member_item_store(stmt)
         if isinstance(stmt, ir.SetAttr):
             return self._member_store(stmt)
         return False
@@ -173,6 +187,58 @@ class RewriteStructs:
         fn = self._global(st.methods[d.attr], "$qd_method")
         self._assign(ir.Expr.call(fn, [d.value, *expr.args], expr.kws, self.loc, vararg=expr.vararg), stmt.target)
         return True
+
+    # ``O[I] op= V`` is ``$t = O[I]; $u = inplace_binop(op, $t, V); O[I] = $u`` (V computed between):
+    # the read and the binop are dropped, the store becomes the call
+    def _object_item_update(self, stmt, expr) -> bool:
+        if isinstance(expr, self.ir.Var):
+            if expr.name not in self.object_reads:
+                return False
+            self.object_reads[stmt.target.name] = self.object_reads[expr.name]   # a copy into a $phi
+            self.object_reads_used.add(expr.name)
+            return True
+        if expr.op in ("getitem", "static_getitem"):
+            obj = try_static(self.state, expr.value)
+            if obj is MISSING or not hasattr(type(obj), "qd_subscript_updates"):
+                return False
+            self.object_reads[stmt.target.name] = self.loc
+            return True
+        if getattr(expr, "op", None) == "inplace_binop" and expr.lhs.name in self.object_reads:
+            if expr.fn not in _UPDATE_OPS:
+                raise self._object_item_error()
+            self.object_reads_used.add(expr.lhs.name)
+            self.object_updates[stmt.target.name] = (_UPDATE_OPS[expr.fn], expr.rhs, self.loc)
+            return True
+        return False
+
+    def _object_item_store(self, stmt) -> bool:
+        obj = try_static(self.state, stmt.target)
+        if obj is MISSING or not hasattr(type(obj), "qd_subscript_updates"):
+            return False
+        if stmt.value.name not in self.object_updates:
+            raise self._object_item_error()
+        op, value, _ = self.object_updates.pop(stmt.value.name)
+        fn = type(obj).qd_subscript_updates.get(op)
+        if fn is None:
+            raise self._object_item_error()
+        index = stmt.index if isinstance(stmt, self.ir.SetItem) else \
+            (stmt.index_var if stmt.index_var is not None else self._const(stmt.index))
+        args = [self._global(obj, "$qd_self"), index, value]
+        self._assign(self.ir.Expr.call(self._global(fn, "$qd_method"), args, (), self.loc), self._var("$qd_unused"))
+        return True
+
+    def _check_object_items_used(self) -> None:
+        """An element read (``A[i, j]`` as a value) or update left without its store: our error."""
+        locs = [loc for name, loc in self.object_reads.items() if name not in self.object_reads_used]
+        locs += [loc for _, _, loc in self.object_updates.values()]
+        if locs:
+            self.loc = locs[0]
+            raise self._object_item_error()
+
+    def _object_item_error(self):
+        return self.state.error(QuadrantsSyntaxError, "an element of this object can only be updated with "
+                                "'A[i, j] += v' or 'A[i, j] -= v' (a sparse matrix builder's entries cannot be "
+                                "read or assigned)", self.loc)
 
     def _check_field_member(self, expr) -> None:
         """``S.q`` of a struct field without a member (or attribute) ``q``: our error, here."""

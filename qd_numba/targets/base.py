@@ -17,6 +17,7 @@ import threading
 _REGISTRY = {
     "cpu": ("qd_numba.targets.cpu_target", "CpuTarget"),
     "cuda": ("qd_numba.targets.cuda", "CudaTarget"),
+    "amdgpu": ("qd_numba.targets.amdgpu", "AmdgpuTarget"),
 }
 _targets: dict = {}
 _lock = threading.Lock()

@@ -27,6 +27,7 @@ from ..frontend.args import (
     int_range,
     ndarray_type,
     scalar_argument,
+    template_argument,
     template_key,
 )
 from ..frontend.diagnostics import compile_error
@@ -196,7 +197,7 @@ class CpuKernel(KernelBackend):
         for p, a in zip(self.kernel.params, args):
             where = argument_where(self.kernel, p)
             if p.kind == "template":
-                templates[p.name] = a
+                templates[p.name] = template_argument(where, p, a)
             elif p.kind == "scalar":
                 scalar_argument(where, p, a)
                 types_[p.name] = p.nbtype
@@ -243,7 +244,11 @@ class CpuKernel(KernelBackend):
                 cres = cpu.compile_driver(driver, argtypes, task_functions, cfg.debug)
             typer.assign(cpu.typed_pieces(cres, task_functions), cres.signature.return_type,
                          cres.typing_context)
-            if cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
+            if cfg.amdgpu_compile_check:  # the AMDGPU code path, with the CUDA one from the same lowering
+                from .amdgpu.plan import compile_check
+
+                compile_check(kernel, param_types, templates, with_cuda=cfg.cuda_compile_check)
+            elif cfg.cuda_compile_check:  # the CUDA code path on GPU-less machines (tests, CI)
                 from .cuda.plan import compile_check
 
                 compile_check(kernel, param_types, templates)

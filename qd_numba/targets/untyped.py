@@ -28,7 +28,7 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
                          param_types=param_types, template_values=templates, kernel_qualname=kernel.qualname,
                          returns_value=kernel.return_type is not None, return_type=kernel.return_type,
                          random_state=random_state.state_field,
-                         autodiff_mode=kernel.autodiff_mode)
+                         autodiff_mode=kernel.autodiff_mode, graph=bool(getattr(kernel, "graph", False)))
     take_pending()
     with profiler.stage("untyped passes"):
         run_untyped_pipeline(state, codegen_stages=codegen_stages)

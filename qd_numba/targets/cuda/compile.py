@@ -313,9 +313,11 @@ def install_cuda_extensions() -> None:
 
     from ...frontend.real_func import CompiledRealFunc, QdRealFunc
     from ...matrix import _MatrixMeta
+    from ...typing import intrinsics
     from ...typing.matrix import MatrixType, matrix_literal_rewrite
     from ...typing.struct import StructType
 
+    intrinsics.install_cuda()
     for cls in (_MatrixMeta, MatrixType, StructType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
     cuda_typeof_impl.register(QdRealFunc)(lambda val, c: types.Dispatcher(val.dispatcher("cuda")))

@@ -24,7 +24,7 @@ from ..base import KernelBackend, Target
 from ..untyped import gc_paused
 from .arrays import array_view
 from .compile import cuda_available
-from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types, prefetch_cache_target
+from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types
 from .runtime import CudaRuntime, ensure_device
 
 
@@ -50,13 +50,6 @@ class CudaTarget(Target):
     def configure(self, cfg) -> None:
         rt = CudaRuntime.get()
         rt.apply_stack_limit(cfg.cuda_stack_limit)
-        if cfg.offline_cache:
-            # the cache keys need the NVVM and nvJitLink versions, which load those libraries
-            # (~5 ms, mostly in dlopen, which releases the GIL): found while the program goes on
-            # to make its fields and kernels, so a process whose kernels all come from the
-            # cache does not wait for them at its first call
-            threading.Thread(target=prefetch_cache_target, args=(rt.cc,), name="qd_numba-cache-key",
-                             daemon=True).start()
 
 
 class CudaKernel(KernelBackend):

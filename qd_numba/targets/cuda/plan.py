@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import re
 
 import numpy as np
@@ -27,6 +26,7 @@ from numba.core import types
 
 from ... import adstack, config, offline_cache, profiler
 from ...field import Ndarray, next_generation, written_by
+from ...frontend.args import template_argument
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
@@ -35,7 +35,9 @@ from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ...passes.task_ir import cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
+from . import graphs
 from . import tasks as cuda_tasks
+from . import toolchain
 from .arrays import _view_type
 from .runtime import (
     PACK_HEAD,
@@ -45,6 +47,7 @@ from .runtime import (
     _driver,
     launchers,
 )
+from .stream_pool import stream_blocks
 
 CODEGEN_STAGES = ("split into task kernels, in program order: range-for -> grid-stride kernel, serial code -> "
                   "1-thread kernel (passes/task_ir.py with targets/cuda/tasks.py CudaTaskABI)",
@@ -112,7 +115,12 @@ class LaunchPlan:
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
         self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
+        self.stream_blocks = stream_blocks(self)    # qd.stream_parallel() groups: fork/join (stream_pool.py)
         self._run_on_stream = None
+        # @qd.kernel(graph=True): replayed as a CUDA graph (graphs.py), unless graphs are off
+        # (QD_GRAPH=0) or each task must be launched and checked alone (debug) or timed (profiler)
+        self.graph = graphs.CudaGraph(self) if kernel.graph and config.current.cuda_graph and launches \
+            and not self.error_words and self.timer is None and kernel.autodiff_mode is None else None
         self.run = self._make_runner()
 
     def _pack(self, rt):
@@ -261,27 +269,43 @@ def _runner_source(plan, on_stream=False):
     ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET}
     state, body = [], []
+    graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
+    if graph is not None:   # dirty: a bit per graph node that reads a cell this call changes
+        ns["graph"] = graph
+        body.append("dirty = 0")
+
+    def dirties(i, name):
+        """The line marking the nodes that read parameter ``name`` (graph plans only)."""
+        if graph is None:
+            return []
+        ns[f"m{i}"] = graph.node_mask(lambda k: name in plan.launches[k].binary.runtime_args)
+        return [f"dirty |= m{i}"]
+
     for i, (name, kind) in enumerate(params):
         if kind == "template" or name not in plan.cells:
             continue
         if kind == "scalar":
             (cell,) = plan.cells[name]
             ns[f"c{i}"] = cell
-            body.append(f"c{i}.value = a{i}")
+            if graph is None:
+                body.append(f"c{i}.value = a{i}")
+            else:   # a node is patched only when the value changed
+                state.append(f"s{i} = UNSET")
+                body += [f"if a{i} != s{i}:", f"    s{i} = c{i}.value = a{i}", *(f"    {d}" for d in dirties(i, name))]
         elif kind == "matrix":  # a qd.Vector/Matrix (see CudaKernel): one cell per element
             ns[f"c{i}"] = tuple(plan.cells[name])
             body += [f"for cell, x in zip(c{i}, a{i}.entries.reshape(-1).tolist()):",
-                     "    cell.value = x"]
+                     "    cell.value = x", *dirties(i, name)]
         elif kind == "struct":  # a qd.Struct: one cell per leaf element, in the data model's order
             ns[f"c{i}"] = tuple(plan.cells[name])
             body += [f"for cell, x in zip(c{i}, a{i}._flat_tuple()):",
-                     "    cell.value = x"]
+                     "    cell.value = x", *dirties(i, name)]
         else:
             ns[f"n{i}"] = name
             state += [f"last{i} = None", f"key{i} = None"]
             body += [f"if v{i} is not last{i}:",
                      f"    last{i} = v{i}",
-                     f"    key{i} = plan._patch_view(n{i}, v{i}, key{i})"]
+                     f"    key{i} = plan._patch_view(n{i}, v{i}, key{i})", *(f"    {d}" for d in dirties(i, name))]
     if plan.totals_fn is not None:
         changed = []
         for i in plan.totals_args:
@@ -295,6 +319,9 @@ def _runner_source(plan, on_stream=False):
                  *(f"    {t} = a{i}" for t, i in zip(tracked, plan.totals_args)),
                  # ndarrays as their views: every array kind (DLPack producers too) has .shape there
                  f"    plan._update_grids({_tuple_src([views.get(i, a) for i, a in enumerate(args)])})"]
+        if graph is not None:   # the nodes of loops with host iteration counts get their new grids
+            ns["mt"] = graph.node_mask(lambda k: plan.launches[k].total_index is not None)
+            body.append("    dirty |= mt")
     ns["timer"] = plan.timer
     if plan.written:
         ns["written"], ns["next_generation"] = plan.written, next_generation
@@ -313,9 +340,13 @@ def _runner_source(plan, on_stream=False):
                    *(["    if nonblocking: rt.fence(stream, 0)"] if on_stream else []),
                    "    if rt.read_i32(error_word_of[k]):",
                    "        break"]
+    elif graph is not None:
+        launch.append("graph.launch(dirty)")
     else:
         if plan.timer is not None:
             ns["packed"] = plan.packed.ctypes.data
+        if plan.stream_blocks is not None:
+            ns["launch_all"] = plan.stream_blocks.launch
         launch += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
                    "if status >= 0:",
                    "    plan._failed(status)"]
@@ -365,14 +396,15 @@ def compile_state(kernel, param_types, templates):
     return untyped_compile(kernel, IRTools.for_cuda(), param_types, templates, CODEGEN_STAGES)
 
 
-def compile_tasks(kernel, state, cc, field_slot):
+def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     """Compile every task kernel to a cubin. Each task is typed once, by numba-cuda as it lowers
     it, in program order: a value that crosses tasks through a temporary takes the type it has in
     the task that stores it, and the Tasks get their types from the typed task kernels together
     (passes/task_types.py, as the CPU target does), with no whole-kernel type inference. NVVM +
     nvJitLink of each task run on a pool while the next task lowers (compile.py). Returns
     (plan_ir, [(unit, task IR, compiled)], Numba type of each value passed through a temporary,
-    the return value's as "$qd_return")."""
+    the return value's as "$qd_return"). ``codegen``: what finishes the lowered tasks instead of
+    NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py)."""
     from numba.cuda.descriptor import cuda_target
 
     from .compile import DeviceCodegen, lower_task
@@ -384,7 +416,7 @@ def compile_tasks(kernel, state, cc, field_slot):
     return_type = None
     abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot, temp_types)
     lowered, pieces = [], []
-    with DeviceCodegen(config.current.compile_threads) as codegen:
+    with codegen or DeviceCodegen(config.current.compile_threads) as codegen:
         for unit in plan_ir.units:
             with profiler.stage("task split"):
                 tk = cut_task(state, unit, abi)
@@ -431,14 +463,15 @@ def kernel_field_slots(state):
     return lambda field: slots[id(field)]
 
 
-def compile_check(kernel, param_types, templates, cc=(9, 0)):
+def compile_check(kernel, param_types, templates, cc=(9, 0), codegen=None):
     """Compile every task of this kernel instance for CUDA down to cubins, without a GPU.
 
     Fields get placeholder context slots (no device memory is touched). Returns the compiled
-    tasks; raises what a real CUDA compile would raise."""
+    tasks; raises what a real CUDA compile would raise. ``codegen``: as :func:`compile_tasks`'
+    (the AMDGPU compile check finishes the same lowered tasks both ways)."""
     with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
-        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state))
+        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state), codegen)
         binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(cc))
         host_totals(kernel, binary.totals, state.hidden)  # the launcher's host code too
     return compiled
@@ -465,7 +498,7 @@ def plan_types(kernel, args, views):
     for p, a in zip(kernel.params, args):
         where = f"kernel '{kernel.name}', argument '{p.name}'"
         if p.kind == "template":
-            templates[p.name] = a
+            templates[p.name] = template_argument(where, p, a)
         elif p.kind in ("scalar", "matrix", "struct"):
             param_types[p.name] = p.nbtype
         else:
@@ -508,24 +541,15 @@ class PlanBinary:
     ret: tuple | None       # (byte offset, numpy dtype, element count) of the return value
     totals: tuple | None    # (source, env) of the host iteration counts (:func:`host_totals`)
     artifact_key: str | None
+    # the counts themselves where they depend on no argument (constants and field shapes, which
+    # are in the cache key): computed when the kernel compiles, so a cache hit runs no host code
+    static_totals: tuple | None = None
 
 
-@functools.cache
 def cache_target(cc) -> str:
     """The target part of a CUDA kernel's keys: the compute capability and the versions of the
-    NVVM and nvJitLink libraries that make its cubins (asked once per process)."""
-    from cuda.bindings import nvjitlink, nvvm
-
-    return f"cuda-sm{''.join(map(str, cc))}-nvvm{nvvm.version()}{nvvm.ir_version()}-nvjitlink{nvjitlink.version()}"
-
-
-def prefetch_cache_target(cc) -> None:
-    """:func:`cache_target` ahead of its first use (a background thread started by ``qd.init``).
-    A failure is left to the first real use, which raises it where the user sees it."""
-    try:
-        cache_target(cc)
-    except Exception:   # noqa: BLE001 - reported by the kernel call that needs the key
-        return
+    NVVM and nvJitLink libraries that make its cubins (:mod:`.toolchain`)."""
+    return f"cuda-sm{''.join(map(str, cc))}-{toolchain.versions()}"
 
 
 def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBinary:
@@ -545,6 +569,8 @@ def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBin
     totals = None if src is None else (src, {name: FieldSlot(slots[id(v)]) if id(v) in slots else v
                                              for name, v in env.items()})
     key = artifact_key(kernel, state.param_types, state.template_values, state.hidden, state.config, target)
+    if totals is not None and "args[" not in src:
+        return PlanBinary(binaries, plan_ir.temp_slots, ret, None, key, host_totals(kernel, totals, state.hidden)[1])
     return PlanBinary(binaries, plan_ir.temp_slots, ret, totals, key)
 
 
@@ -569,6 +595,7 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
             return launch_plan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, kernel_field_slots(state))
+    toolchain.confirm()
     rt.plan_builds += 1
     kernel.compile_count += 1
     binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(rt.cc))
@@ -619,6 +646,8 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
             range_index += 1
         launches.append(TaskLaunch(t.task, fn, module, argv, grid, block, total_index, t))
     totals_fn, static_totals = host_totals(kernel, binary.totals, fields)
+    if binary.static_totals is not None:
+        static_totals = binary.static_totals
     params = [(p.name, p.kind) for p in kernel.params]
     plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
                       field_table, binary.ret)

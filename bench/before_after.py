@@ -2,12 +2,14 @@
 keep speed): launch cost (ndarray arguments; 16 fields), saxpy, cold compile of 1/8/32-loop
 kernels on an ndarray and with each loop on its own pair of fields.
 
-    python bench/before_after.py BEFORE_DIR AFTER_DIR --arch cpu|cuda [--rounds 2]
+    python bench/before_after.py BEFORE_DIR AFTER_DIR --arch cpu|cuda [--rounds 2] [--loops 1,8,32] [--out F.json]
 
 Each tree is a directory holding a ``qd_numba`` package (e.g. ``git archive <commit> qd_numba |
 tar -x -C .before``). Every measurement runs in a fresh process with that tree first on
 ``PYTHONPATH``; the trees alternate within each round. Workloads use only the public API, so
-both trees run the same source. Prints a markdown table (medians over rounds, after/before).
+both trees run the same source. Prints a markdown table (medians over rounds, after/before);
+a cold compile is timed in wall seconds (``_s``) and in CPU seconds of its process (``_cpu_s``,
+steadier on a shared machine; it includes the thread pool's spinning, if any).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ _CALLS = textwrap.dedent('''
 ''')
 
 _COLD = textwrap.dedent('''
-    import sys, time
+    import json, sys, time
     import numpy as np
     t0 = time.perf_counter()
     import qd_numba as qd
@@ -89,13 +91,13 @@ _COLD = textwrap.dedent('''
     ns = {"qd": qd, **fields}
     exec(src, ns)
     k = qd.kernel(ns["k"])
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     k(a)
     qd.sync()
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     got = a.to_numpy() if arch == "cuda" else a
     assert got[0] == (1.0 if fields else sum(range(loops))), got
-    print("RESULT", t2 - t1)
+    print("RESULT", json.dumps({"s": t2 - t1, "cpu_s": c2 - c1}))
 ''')
 
 
@@ -120,6 +122,7 @@ def main():
     ap.add_argument("--arch", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--loops", default="1,8,32")
+    ap.add_argument("--out", help="also write every sample and the medians to this JSON file")
     opts = ap.parse_args()
     trees = {"before": opts.before, "after": opts.after}
     samples = {}
@@ -131,11 +134,19 @@ def main():
                     samples.setdefault((key, name), []).append(value)
             for loops in map(int, opts.loops.split(",")):
                 for kind in ("ndarray", "fields"):
-                    t = _run(trees[name], [opts.arch, str(loops), kind], _COLD)
+                    times = _run(trees[name], [opts.arch, str(loops), kind], _COLD)
                     suffix = "loops" if kind == "ndarray" else "field_loops"
-                    samples.setdefault((f"cold_compile_{loops}_{suffix}_s", name), []).append(t)
+                    for unit, t in times.items():   # wall seconds, and CPU seconds of the process
+                        samples.setdefault((f"cold_compile_{loops}_{suffix}_{unit}", name), []).append(t)
         print(f"round {r + 1} done", file=sys.stderr, flush=True)
     keys = sorted({k for k, _ in samples})
+    if opts.out:
+        rows = {key: {name: {"median": statistics.median(samples[key, name]), "samples": samples[key, name]}
+                      for name in trees if (key, name) in samples} for key in keys}
+        with open(opts.out, "w") as f:
+            json.dump({"before": os.path.abspath(opts.before), "after": os.path.abspath(opts.after),
+                       "arch": opts.arch, "rounds": opts.rounds, "python": sys.version.split()[0],
+                       "results": rows}, f, indent=1)
     print(f"| {opts.arch} | before | after | after / before |")
     print("| --- | --- | --- | --- |")
     for key in keys:

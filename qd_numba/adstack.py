@@ -451,15 +451,20 @@ def host_alloc(words: int):
 
 def wrap_cpu_entry(entry, adstacks, kernel, fields):
     """The CPU entry point of a gradient kernel with adstacks: size, run, check. The entry
-    takes the runtime arguments then the ``hidden`` field buffers (``fields``' buffers)."""
+    takes the runtime arguments then the address of the field table of ``fields``."""
     import numba
 
     rows = numba.config.NUMBA_NUM_THREADS
+    nruntime = sum(p.kind != "template" for p in kernel.params)
+    buffers = tuple(f._arr for f in fields)
     _bind(adstacks, kernel, fields)
 
     def run(*args):
+        def leaf(k):
+            return args[k] if k < nruntime else buffers[k - nruntime]
+
         for stack in adstacks:
-            stack.prepare(args.__getitem__, rows, host_alloc)
+            stack.prepare(leaf, rows, host_alloc)
         out = entry(*args)
         for stack in adstacks:
             stack.check()

@@ -55,7 +55,7 @@ from .errors import QuadrantsWarning
 from .field import ArrayData
 from .frontend.keys import CODE_CONFIG, code_key, value_key
 
-FORMAT = 1                  # bump when the entry layout changes
+FORMAT = 2                  # bump when the entry layout changes (2: CPU entries take a field table)
 SUFFIX = ".qdc"
 _LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")
 _MAX_NODES = 20_000         # a bigger snapshot is uncacheable (a huge object graph reached by name)

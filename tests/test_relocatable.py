@@ -126,3 +126,55 @@ def test_artifact_key_follows_what_changes_the_code(rng):
     opaque = Opaque()
     with_object(opaque, arr.copy())
     assert _artifact_key(with_object, opaque, arr) is None  # no content description: this process only
+
+
+@pytest.mark.no_cuda_compile_check   # a CPU calling convention: the CUDA compile check adds nothing
+def test_cpu_kernel_takes_one_field_table_however_many_fields(rng):
+    """The CPU entry point takes the runtime arguments and one field-table address, not one array
+    per field; fields read in serial code and in tasks, strided SNode views (AoS, blocked) and
+    fields created after a kernel compiled are all reached through it."""
+    if qd_config.current.arch != "cpu":
+        pytest.skip("the CPU target's entry point")
+    n = 12
+    many = tuple(qd.field(qd.f32, shape=(n,)) for _ in range(20))
+    aos_x, aos_y = qd.field(qd.f32), qd.field(qd.f32)
+    qd.root.dense(qd.i, n).place(aos_x, aos_y)
+    blocked = qd.field(qd.f64)
+    qd.root.dense(qd.i, 3).dense(qd.i, 4).place(blocked)
+    total = qd.field(qd.f32, shape=())
+
+    @qd.kernel
+    def spread(s: qd.f32):
+        total[None] = many[0][1] * s              # serial code reads fields too
+        for i in range(n):
+            for j in qd.static(range(1, 20)):
+                many[j][i] = many[0][i] * j + total[None]
+        for i in aos_x:
+            aos_y[i] = aos_x[i] + blocked[i]
+        for i in blocked:
+            blocked[i] = blocked[i] * 2.0
+
+    data = [rng.random(n).astype(np.float32) for _ in range(3)]
+    base_blocked = rng.random(n)
+    many[0].from_numpy(data[0])
+    aos_x.from_numpy(data[1])
+    blocked.from_numpy(base_blocked)
+    spread(2.0)
+    inst = spread.last_instance
+    assert len(inst.hidden) == 1 and len(inst.fields) == 24 and inst.table.shape == (24,)
+    t = np.float32(data[0][1] * np.float32(2.0))
+    assert total[None] == pytest.approx(t)
+    for j in range(1, 20):
+        np.testing.assert_allclose(many[j].to_numpy(), data[0] * np.float32(j) + t, rtol=1e-6)
+    np.testing.assert_allclose(aos_y.to_numpy(), data[1] + base_blocked.astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(blocked.to_numpy(), base_blocked * 2.0)
+
+    later = qd.field(qd.f32, shape=(n,))       # a field created after a kernel compiled
+
+    @qd.kernel
+    def gather():
+        for i in later:
+            later[i] = aos_y[i] + many[19][i]
+
+    gather()
+    np.testing.assert_allclose(later.to_numpy(), aos_y.to_numpy() + many[19].to_numpy(), rtol=1e-6)

@@ -102,7 +102,7 @@ def test_cutting_is_linear_in_the_number_of_loops(target, rng):
         kernel, fields = _k_loop_kernel(k)
         if target == "cpu":
             state = _cpu_state(kernel, {"s": types.float32})
-            abi, units = cpu.CPU_TASK_ABI, [u for u in state.task_plan.units if u.kind == "range_for"]
+            abi, units = cpu.CpuTaskABI.for_state(state), [u for u in state.task_plan.units if u.kind == "range_for"]
         else:
             state, temp_types = _cuda_state(kernel, {"s": types.float32})
             abi, units = _cuda_abi(state, temp_types), state.task_plan.units
@@ -171,14 +171,19 @@ def test_tasks_carry_the_types_the_cpu_lowers(rng):
     assert units[0].types["s"] == types.float32 and units[1].types["s"] == types.float32
     assert units[1].types["i"] == types.int64 and units[2].types["i"] == types.int64
     for unit in units[1:3]:   # each range-for's task function, typed from its live-ins' types only
-        cut = cut_task(state, unit, cpu.CPU_TASK_ABI)
-        argtypes = (types.intp, types.intp, *(unit.types[n] for n in cut.params))
+        cut = cut_task(state, unit, cpu.CpuTaskABI.for_state(state))
+        # fields come from the field table (the context parameter, last), never as parameters
+        assert not any(n.startswith("__qd_field_") for n in cut.params)
+        live = [n for n in cut.params if n != cpu.CTX]
+        assert (cut.params[-1] == cpu.CTX) == (unit is units[1])   # the first loop reads xs and total
+        argtypes = (types.intp, types.intp, *(unit.types[n] for n in live),
+                    *([cpu.CTX_TYPE] if unit is units[1] else []))
         flags = cpu.compile_flags(False, entry=False)
         flags.no_compile = True
         cres = compiler.compile_ir(cpu_target.typing_context, cpu_target.target_context, cut.func_ir, argtypes,
                                    types.none, flags, {})
         found = _check_types(unit, cres.fndesc.typemap)
-        assert set(cut.params) <= set(found)
+        assert set(live) <= set(found)
     # and the kernel runs as numpy computes it
     d = rng.uniform(0, 1, 32).astype(np.float32)
     xs.from_numpy(d)

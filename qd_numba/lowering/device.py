@@ -1,11 +1,12 @@
-"""Intrinsics of GPU task kernels: thread indexing, field storage, values passed between tasks.
+"""Intrinsics of task kernels: thread indexing, field storage, values passed between tasks.
 
 A CUDA task kernel takes two pointer-sized parameters before the kernel's own arguments:
 
 * ``ctx``: the kernel instance's field table, ``uint64`` data pointers in kernel-local slots.
   ``field_from_ctx(ctx, slot, token)`` builds the field's array view from its slot, with the
   field's shape and strides as compile-time constants, so a kernel pays one parameter for all
-  the fields it touches and a field never costs a parameter per launch.
+  the fields it touches and a field never costs a parameter per launch. The CPU target passes
+  its fields the same way (targets/cpu.py: the driver's and task functions' ``ctx``).
 * ``tmp``: the kernel instance's temporaries, 64-byte slots holding values one task computes
   and a later task reads (``temp_store`` / ``temp_load``), and the kernel's return value.
 

@@ -3,9 +3,10 @@
 A kernel is compiled once per *instance key*: the Numba types of its ndarray arguments and the
 values of its template arguments. The call path (:meth:`CpuKernel.make_caller`) is generated
 per kernel: it converts each ndarray argument to the numpy array the kernel uses, looks the key
-up and calls the compiled driver's native entry point with the runtime arguments plus the hidden
-field buffers — one Python frame per call. Argument validation, error messages and compilation
-happen on a miss, in :meth:`CpuKernel.slow_call`. Code generation is in targets/cpu.py.
+up and calls the compiled driver's native entry point with the runtime arguments plus the address
+of the instance's field table (targets/cpu.py) — one Python frame per call. Argument validation,
+error messages and compilation happen on a miss, in :meth:`CpuKernel.slow_call`. Code generation
+is in targets/cpu.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from ..frontend.args import (
     NUMBER_TYPES,
     argument_where,
     field_for_ndarray_message,
-    field_type,
     host_array,
     int_range,
     ndarray_type,
@@ -48,14 +48,15 @@ VALUE_ARGUMENTS = {"matrix": matrix_argument, "struct": struct_argument}  # by-v
 class Instance:
     """One compiled kernel instance (per argument types and template values)."""
 
-    __slots__ = ("entry", "fields", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key", "written",
-                 "written_args")
+    __slots__ = ("entry", "fields", "table", "hidden", "tasks", "cres", "task_functions", "state", "artifact_key",
+                 "written", "written_args")
 
     def __init__(self, entry, fields, tasks, cres, task_functions, state, artifact_key, kernel=None):
         for f in fields:
             f.claim()                                  # a field of an earlier qd.init is our error (field.py)
-        self.fields = list(fields)                     # in hidden-argument order
-        self.hidden = tuple(f._arr for f in fields)    # their buffers, as the entry point takes them
+        self.fields = list(fields)                     # in the order of their slots in the field table
+        self.table = cpu.field_table(fields)           # their buffers' addresses (kept alive here)
+        self.hidden = (self.table.ctypes.data,)        # what the entry point takes after the runtime arguments
         self.entry, self.tasks = entry, tasks
         # what a launch writes: fields and runtime ndarray positions get new write generations
         self.written, self.written_args = written_by(
@@ -238,8 +239,7 @@ class CpuKernel(KernelBackend):
         try:
             state = untyped_compile(kernel, IRTools.for_cpu(), param_types, templates, cpu.CODEGEN_STAGES)
             cfg, runtime_params = state.config, state.runtime_params
-            argtypes = [param_types[n] for n in runtime_params] + [
-                field_type(f, cfg.debug) for f in state.hidden]
+            argtypes = [param_types[n] for n in runtime_params] + [cpu.CTX_TYPE]
             typer = TaskTyper(state)    # the Tasks' types come from the typing the lowering does
             with profiler.stage("task split"):
                 driver, task_functions = cpu.build_driver(state, cfg.debug)

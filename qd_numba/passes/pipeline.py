@@ -20,6 +20,7 @@ from .bind_arguments import BindArguments
 from .cfg_optimize import CfgOptimize
 from .check_writes import CheckArgumentWrites, CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
+from .float_literals import TypeFloatLiterals
 from .fold_static import FoldStatic
 from .forward_mode import ForwardMode
 from .fuse_tasks import FuseAdjacentTasks
@@ -59,6 +60,7 @@ UNTYPED_PIPELINE = (
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, TagSerialStreamGroups,
                     CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode)),
+    Stage("literals", (TypeFloatLiterals,)),
 )
 
 

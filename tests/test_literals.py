@@ -133,7 +133,7 @@ def test_literals_in_comparisons_ternaries_and_vectors(rng):
             w = qd.Vector([0.5, 1.0]) * x[i] + qd.Vector([x[i], 0.2])
             out[i] = c + w[0] - w[1] / 3.0
             d = qd.Vector([y[i], y[i] * 2.0]) * 0.1
-            out64[i] = d[0] + d[1]
+            out64[i] = d[0] + d[1] + qd.Vector([y[i], 1.0], dt=qd.f64).norm(1e-2)
             flags[i] = 1 if x[i] * 0.5 <= 0.25 else 0
 
     x = rng.uniform(-1, 1, N).astype(f32)
@@ -143,7 +143,7 @@ def test_literals_in_comparisons_ternaries_and_vectors(rng):
     c = np.where(x > f32(0.1), f32(1.5), x * f32(0.3))
     w0, w1 = f32(0.5) * x + x, f32(1.0) * x + f32(0.2)
     np.testing.assert_array_equal(out, (c + w0 - w1 / f32(3.0)).astype(np.float64))
-    np.testing.assert_array_equal(out64, y * 0.1 + (y * 2.0) * 0.1)
+    np.testing.assert_array_equal(out64, y * 0.1 + (y * 2.0) * 0.1 + np.sqrt(y * y + 1.0 + 1e-2))
     np.testing.assert_array_equal(flags, (x * f32(0.5) <= f32(0.25)).astype(np.int32))
 
 

@@ -77,6 +77,15 @@ def literal_operand_type(args):
     return max(fps, key=lambda t: t.bitwidth)
 
 
+def literal_argument(t, dtype):
+    """The type a value of type ``t`` is passed as to an operation on ``dtype`` values: a float
+    literal is ``dtype`` when that is a wider float (the literal converts exactly), else
+    ``default_fp``; other types are unliteral."""
+    if isinstance(t, FloatLiteral) and isinstance(dtype, types.Float) and dtype.bitwidth > t.bitwidth:
+        return dtype
+    return types.unliteral(t)
+
+
 class LiteralArithmetic(AbstractTemplate):
     """``int op literal`` (either side): computed in ``default_fp``, as in Quadrants."""
 

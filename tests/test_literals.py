@@ -88,6 +88,9 @@ def test_default_fp_f64_makes_literals_f64(reinit, rng):
     reinit(default_fp=qd.f64)
     compute(x, k, out)
     np.testing.assert_array_equal(out, x.astype(np.float64) * 0.1 + k * 0.7)
+    reinit(default_fp=qd.f16)      # f16 values compute in f32: so do literals
+    compute(x, k, out)
+    np.testing.assert_array_equal(out, (x * f32(0.1) + k.astype(f32) * f32(0.7)).astype(np.float64))
     reinit(default_fp=qd.f32)
     compute(x, k, out)
     np.testing.assert_array_equal(out, (x * f32(0.1) + k.astype(f32) * f32(0.7)).astype(np.float64))
@@ -149,16 +152,22 @@ def test_literals_in_comparisons_ternaries_and_vectors(rng):
 
 def test_vector_of_literals_takes_default_fp(reinit, rng):
     @qd.kernel
-    def compute(out: _arr(qd.f64)):
+    def compute(out: _arr(qd.f64), exact: _arr(qd.f64)):
         for i in range(out.shape[0]):
             w = qd.Vector([0.1, 0.7]) * 3.0
             out[i] = w[0] + w[1]
+            u = qd.Matrix([[0.1, 0.7], [0.3, 1.0]], dt=qd.f64) @ qd.Vector([exact[i], exact[i]], dt=qd.f64)
+            exact[i] = u[0] + u[1]
 
     out = np.zeros(4)
-    compute(out)
+    y = rng.uniform(-1, 1, 4)
+    exact = y.copy()
+    compute(out, exact)
     np.testing.assert_array_equal(out, np.full(4, np.float64(f32(0.1) * f32(3.0) + f32(0.7) * f32(3.0))))
+    np.testing.assert_array_equal(exact, (0.1 * y + 0.7 * y) + (0.3 * y + 1.0 * y))   # dt=qd.f64: exact
+    exact = y.copy()
     reinit(default_fp=qd.f64)
-    compute(out)
+    compute(out, exact)
     np.testing.assert_array_equal(out, np.full(4, 0.1 * 3.0 + 0.7 * 3.0))
 
 

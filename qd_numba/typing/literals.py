@@ -14,6 +14,9 @@ kernel in a :class:`FloatLiteralValue`, typed here as a :class:`FloatLiteral`:
 * :class:`LiteralArithmetic`: an integer (or bool) with a float literal computes in
   ``default_fp`` (Numba would promote ``int64`` with a float to ``float64``); it is registered
   per target so that it is tried before Numba's generic templates (``order_by_target_specificity``);
+* templates that see literal types (``prefer_literal``) keep a literal exact where they know the
+  wider float it meets: matrix operators, matrix methods (:func:`literal_argument`) and the
+  ``qd.Vector``/``qd.Matrix`` constructors (typing/matrix.py, ops/matrix_methods.py);
 * unification follows Numba: a variable assigned a literal and an f64 value is f64.
 """
 

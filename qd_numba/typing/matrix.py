@@ -378,12 +378,15 @@ class ConstructorKeys:
 _FUNCTION_TYPES: dict = {}
 
 
-def _function_type(cache_key, impl_key, typer) -> types.Function:
+def _function_type(cache_key, impl_key, typer, prefer_literal=False) -> types.Function:
     """One ``types.Function`` per ``cache_key``: type inference re-resolves attributes and must
-    get an identical type each time."""
+    get an identical type each time. ``prefer_literal``: the signature keeps literal argument
+    types (a constructor casts a float literal straight to its dtype: exact in an f64 matrix)."""
     fnty = _FUNCTION_TYPES.get(cache_key)
     if fnty is None:
-        fnty = types.Function(make_callable_template(key=impl_key, typer=typer))
+        template = make_callable_template(key=impl_key, typer=typer)
+        template.prefer_literal = prefer_literal
+        fnty = types.Function(template)
         _FUNCTION_TYPES[cache_key] = fnty
     return fnty
 
@@ -399,7 +402,7 @@ class MatrixClassAttribute(AttributeTemplate):
             return construct_type(kind, values, dt)
 
         key = ConstructorKeys.vector if kind == "Vector" else ConstructorKeys.matrix
-        return _function_type((kind, "__call__"), key, typer)
+        return _function_type((kind, "__call__"), key, typer, prefer_literal=True)
 
     def resolve_zero(self, classty):
         if classty.kind == "Vector":
@@ -579,6 +582,7 @@ class MatrixAttribute(AttributeTemplate):
 
             class TypeCall(AbstractTemplate):
                 key = ConstructorKeys.type_call
+                prefer_literal = True
 
                 def generic(self, args, kws):
                     if kws:

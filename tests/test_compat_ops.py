@@ -286,9 +286,9 @@ def glsl(x: qd.types.ndarray(dtype=qd.f64, ndim=2), out: qd.types.ndarray(dtype=
         out[i, 16] = qd.math.inverse(M)[1, 2]
 
 
-def _np_refract(x, n, eta, eta_squared):
+def _np_refract(x, n, eta):
     d = x @ n
-    k = 1 - eta_squared * (1 - d * d)
+    k = 1 - eta * eta * (1 - d * d)
     return np.where(k >= 0, eta * x - (eta * d + np.sqrt(np.maximum(k, 0))) * n, 0 * x)
 
 
@@ -301,11 +301,7 @@ def test_glsl_functions(rng):
     d = np.sum(v * n, axis=1, keepdims=True)
     np.testing.assert_allclose(out[:, 0:3], v - 2 * d * n, rtol=1e-12, atol=1e-12)
     vn = v / np.linalg.norm(v, axis=1, keepdims=True)
-    # a literal passed to a function is a default_fp (f32) value, as in Quadrants: eta is f32(0.8)
-    # and eta * eta an f32 product (tests/test_literals.py)
-    eta = np.float32(0.8)
-    np.testing.assert_allclose(out[:, 3:6], np.stack([_np_refract(vn[i], n[i], float(eta), float(eta * eta))
-                                                      for i in range(100)]),
+    np.testing.assert_allclose(out[:, 3:6], np.stack([_np_refract(vn[i], n[i], 0.8) for i in range(100)]),
                                rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out[:, 6:9], v * (1 - a) + n * a, rtol=1e-12, atol=1e-12)
     t = np.clip((x[:, 0] + 1) / 2, 0, 1)

@@ -13,9 +13,8 @@ from qd_numba.targets import cpu
 def test_pipeline_lists_every_pass_once_per_stage():
     names = [p.name for stage in UNTYPED_PIPELINE for p in stage.passes]
     assert names[0] == "bind_arguments"
-    assert names[-11:] == ["offload", "bind_random_streams", "fuse_adjacent_tasks", "reduce_atomics", "plan_tasks",
-                           "tag_serial_stream_groups", "cfg_optimize", "reverse_mode", "forward_mode", "ad_validation",
-                           "type_float_literals"]
+    assert names[-10:] == ["offload", "bind_random_streams", "fuse_adjacent_tasks", "reduce_atomics", "plan_tasks",
+                           "tag_serial_stream_groups", "cfg_optimize", "reverse_mode", "forward_mode", "ad_validation"]
     assert names.count("mark_stream_blocks") == 1 and names.index("mark_stream_blocks") < names.index("offload")
     text = describe(UNTYPED_PIPELINE, cpu.CODEGEN_STAGES)
     lines = text.splitlines()

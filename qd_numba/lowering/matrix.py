@@ -39,7 +39,6 @@ from numba.core.typing.templates import signature
 from numba.extending import NativeValue, box, intrinsic, register_model, unbox
 
 from ..errors import QuadrantsIndexError, typing_error
-from ..typing.literals import FloatLiteral
 from ..typing.matrix import (
     ARITH_OPS,
     COMPARE_OPS,
@@ -140,9 +139,8 @@ def _operand_values(context, builder, ty, val, operand, count):
 
 
 def _scalar_value(context, builder, ty, val):
-    """A scalar's value and unliteral type (constants for literal types; a float literal keeps
-    its type, whose cast to the dtype is exact: lowering/literals.py)."""
-    if isinstance(ty, types.Literal) and not isinstance(ty, FloatLiteral):
+    """A scalar's value and unliteral type (constants for literal types)."""
+    if isinstance(ty, types.Literal):
         base = types.unliteral(ty)
         return context.get_constant_generic(builder, base, ty.literal_value), base
     return val, ty

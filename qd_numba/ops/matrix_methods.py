@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from numba.core import errors, types
 from numba.core.imputils import lower_builtin
-from numba.core.typing.templates import AbstractTemplate, AttributeTemplate, infer_getattr, signature
+from numba.core.typing.templates import AttributeTemplate, bound_function, infer_getattr, signature
 
 from ..lowering.matrix import (
     cast_all,
@@ -37,7 +37,6 @@ from ..lowering.matrix import (
     scalar_select,
     scalar_sqrt,
 )
-from ..typing.literals import literal_argument
 from ..typing.matrix import MatrixType, arith_dtype, default_float, is_scalar, promote, shape_str
 
 
@@ -354,18 +353,12 @@ class MatrixMethodAttribute(AttributeTemplate):
 
 
 def _resolver(row):
-    def resolve(self, mt):
-        class MethodTemplate(AbstractTemplate):
-            key = f"matrix.{row.name}"
-            prefer_literal = True   # a float literal (``v.norm(1e-2)``) is exact next to an f64 matrix
-
-            def generic(_, args, kws):
-                if kws:
-                    raise errors.TypingError(f"{row.name}() takes no keyword arguments")
-                extra = [literal_argument(a, mt.dtype) for a in args]
-                return signature(method_type(mt, row.name, extra), *extra).replace(recvr=mt)
-
-        return types.BoundFunction(MethodTemplate, mt)
+    @bound_function(f"matrix.{row.name}")
+    def resolve(self, mt, args, kws):
+        if kws:
+            raise errors.TypingError(f"{row.name}() takes no keyword arguments")
+        extra = [types.unliteral(a) for a in args]
+        return signature(method_type(mt, row.name, extra), *extra)
 
     return resolve
 

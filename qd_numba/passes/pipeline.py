@@ -21,7 +21,6 @@ from .bind_arguments import BindArguments
 from .cfg_optimize import CfgOptimize
 from .check_writes import CheckArgumentWrites, CheckReadonlyWrites
 from .dead_code import RemoveDeadPure
-from .float_literals import TypeFloatLiterals
 from .fold_static import FoldStatic
 from .forward_mode import ForwardMode
 from .fuse_tasks import FuseAdjacentTasks
@@ -61,7 +60,6 @@ UNTYPED_PIPELINE = (
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, TagSerialStreamGroups,
                     CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode, RecordReads)),
-    Stage("literals", (TypeFloatLiterals,)),
 )
 
 

@@ -21,7 +21,6 @@ a field or an ndarray argument, ``L`` a local value):
 ``qd.volatile_load(G[I])``                  ``volatile_element_load(G, I)`` (ops/volatile.py);
                                             any other argument is a ``QuadrantsSyntaxError``
 ``a / b``                                   ``true_divide(a, b, default_fp)``: ints give ``default_fp``
-                                            (kept as ``a / b`` when ``a`` or ``b`` is a float constant)
 ==========================================  =============================================
 
 Other ``op=`` (``*=``, ``/=`` ...) stay plain read-modify-writes, as in Quadrants.
@@ -228,17 +227,10 @@ def _volatile_load(e, m):
     e.call(volatile_element_load, [m["sub"].base, e.index(m["sub"])], m["target"])
 
 
-def _float_constant(state, var) -> bool:
-    """A Python float known at compile time: ``a / 0.5`` is never an integer division, and stays
-    a plain ``/`` so that the literal keeps its exact value next to an f64 (typing/literals.py)."""
-    return type(try_static(state, var)) is float
-
-
 def _match_true_divide(state, stmt):
     ir = state.ir
     if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) and stmt.value.op == "binop" \
-            and stmt.value.fn is operator.truediv and not _float_constant(state, stmt.value.lhs) \
-            and not _float_constant(state, stmt.value.rhs):
+            and stmt.value.fn is operator.truediv:
         return {"target": stmt.target, "lhs": stmt.value.lhs, "rhs": stmt.value.rhs,
                 "default_fp": state.config.default_fp}
     return None

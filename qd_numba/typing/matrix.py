@@ -13,14 +13,13 @@ Responsibilities:
 
   - **Element dtype of a constructor** (``qd.Vector([...])`` without ``dt=``): integers and
     bools give ``i32``; if any element is a float, the widest float element. Python float
-    *constants* count as ``default_fp`` in a kernel (typing/literals.py) and as ``f32`` in an
-    njit function (the literal-list rewrite below turns them into ``float32`` constants), so
-    ``qd.Vector([x, 1.5])`` is ``f32`` unless ``x`` is ``f64`` (or ``default_fp`` is).
+    *constants* count as ``f32`` (the literal-list rewrite below turns them into ``float32``
+    constants), so ``qd.Vector([x, 1.5])`` is ``f32`` unless ``x`` is ``f64``.
   - **Two matrices**: the operand dtype is :func:`promote` of both (float beats int; wider wins;
     at equal width, signed wins; bool counts as ``i32``).
   - **A matrix and a scalar** (either side): the matrix dtype wins, except that an integer matrix
-    with a float scalar uses the scalar's float type, so ``vec_f32 * x_f64`` stays ``f32``. A
-    float literal is cast straight to the operand dtype (exact next to an ``f64`` matrix).
+    with a float scalar uses the scalar's float type. Numba types Python float constants as
+    ``f64``, so this keeps ``vec_f32 * 0.5`` in ``f32``.
   - **Result dtype**: the operand dtype for ``+ - * // % **`` and unary ops (no widening of
     ``i32 + i32`` to ``i64`` as Numba does for scalars); ``/`` of integers gives ``f32``;
     comparisons give ``i32`` (0 or 1).
@@ -55,7 +54,6 @@ from numba.core.typing.templates import (
 from numba.core.typing.typeof import typeof_impl
 
 from ..dtypes import f32, i32
-from .literals import FloatLiteral
 
 
 class MatrixType(types.Type):
@@ -378,15 +376,12 @@ class ConstructorKeys:
 _FUNCTION_TYPES: dict = {}
 
 
-def _function_type(cache_key, impl_key, typer, prefer_literal=False) -> types.Function:
+def _function_type(cache_key, impl_key, typer) -> types.Function:
     """One ``types.Function`` per ``cache_key``: type inference re-resolves attributes and must
-    get an identical type each time. ``prefer_literal``: the signature keeps literal argument
-    types (a constructor casts a float literal straight to its dtype: exact in an f64 matrix)."""
+    get an identical type each time."""
     fnty = _FUNCTION_TYPES.get(cache_key)
     if fnty is None:
-        template = make_callable_template(key=impl_key, typer=typer)
-        template.prefer_literal = prefer_literal
-        fnty = types.Function(template)
+        fnty = types.Function(make_callable_template(key=impl_key, typer=typer))
         _FUNCTION_TYPES[cache_key] = fnty
     return fnty
 
@@ -402,7 +397,7 @@ class MatrixClassAttribute(AttributeTemplate):
             return construct_type(kind, values, dt)
 
         key = ConstructorKeys.vector if kind == "Vector" else ConstructorKeys.matrix
-        return _function_type((kind, "__call__"), key, typer, prefer_literal=True)
+        return _function_type((kind, "__call__"), key, typer)
 
     def resolve_zero(self, classty):
         if classty.kind == "Vector":
@@ -442,18 +437,17 @@ class MatrixClassAttribute(AttributeTemplate):
 def _register_binop(op):
     class BinOp(AbstractTemplate):
         key = op
-        prefer_literal = True      # sees float literals (typing/literals.py) before they are default_fp
 
         def generic(self, args, kws):
             if len(args) != 2 or kws:
                 return None
-            if not any(isinstance(t, MatrixType) for t in args):
+            a, b = args
+            if not (isinstance(a, MatrixType) or isinstance(b, MatrixType)):
                 return None
-            res = binop_dtypes(op, *(types.unliteral(t) for t in args))
+            res = binop_dtypes(op, a, b)
             if res is None:
                 return None
-            # a float literal is cast straight to the operand dtype: exact next to an f64 matrix
-            return signature(res[1], *(res[0] if isinstance(t, FloatLiteral) else types.unliteral(t) for t in args))
+            return signature(res[1], types.unliteral(a), types.unliteral(b))
 
     infer_global(op)(BinOp)
 
@@ -582,7 +576,6 @@ class MatrixAttribute(AttributeTemplate):
 
             class TypeCall(AbstractTemplate):
                 key = ConstructorKeys.type_call
-                prefer_literal = True
 
                 def generic(self, args, kws):
                     if kws:

@@ -91,12 +91,16 @@ def test_out_of_range_device_id_names_it_and_the_count(two_fake_gpus):
 
 
 def test_one_device_per_process(monkeypatch):
-    fake = types.SimpleNamespace(device_id=0)
+    fake = types.SimpleNamespace(device_id=0, device_count=2)
     monkeypatch.setattr(CudaRuntime, "_instance", fake)
     assert CudaRuntime.open(0) is fake and CudaRuntime.open(None) is fake
     with pytest.raises(QuadrantsConfigError, match=r"qd.init\(device_id=1\): this process already runs on CUDA "
                                                    "device 0; qd_numba uses one device per process"):
         CudaRuntime.open(1)
+    # an id the process cannot see says so first (found on a 2-GPU machine, where the other test
+    # of out-of-range ids ran after a kernel had opened device 0)
+    with pytest.raises(QuadrantsConfigError, match=r"device_id=2 .*no such CUDA device; this process sees 2"):
+        CudaRuntime.open(2)
 
 
 def test_device_of_pointer_asks_the_driver_once_per_pointer(monkeypatch):

@@ -267,7 +267,7 @@ class _Transform:
                 if key is None:
                     continue
                 parts = None if index is None or not ndim else _index_parts(state, index, 0, self.lp.space_var)
-                own = parts is not None and sorted(parts) == own_index and len(parts) == self._data_ndim(base)
+                own = parts is not None and list(parts) == own_index and len(parts) == self._data_ndim(base)
                 verdict[key] = verdict.get(key, True) and own
         return {key for key, own in verdict.items() if own}
 

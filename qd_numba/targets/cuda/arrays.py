@@ -73,8 +73,8 @@ def array_view(a, where: str) -> ArrayView:
         if view is None:
             ensure_device(a)
             view = array_view(a._dev, where)
-            if view.shape != tuple(a.shape):   # a 0-d array's buffer is 1-d
-                shape = tuple(a.shape)
+            shape = tuple(a._arr.shape)        # with the element's axes
+            if view.shape != shape:            # a 0-d array's buffer is 1-d
                 view = ArrayView(view.dtype, shape, tuple(device.c_strides(shape, view.dtype.itemsize)), view.ptr,
                                  view.readonly, keep=view.keep)
             a._cuda_view = view

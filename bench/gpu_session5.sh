@@ -32,6 +32,9 @@ for step in "$@"; do
     adbench) timeout 200 python3 bench/ad_bench.py --arch cuda --json "$OUT/ad_bench_cuda.json" 2>&1 | tail -20 ;;
     streampar) timeout 240 python3 bench/stream_parallel_bench.py --out "$OUT/stream_parallel_cuda.json" 2>&1 | tail -16 ;;
     graph) timeout 240 python3 bench/graph_bench.py --out "$OUT/graph_cuda.json" 2>&1 | tail -16 ;;
+    programs) timeout 90 python3 bench/sparse_bench.py --arch cuda --out "$OUT/sparse_cuda.json" 2>&1 | tail -12
+              timeout 120 python3 bench/mpm88_bench.py --arch cuda --out "$OUT/mpm88_cuda.json" 2>&1 | tail -8
+              timeout 60 python3 bench/sparse_memory.py --arch cuda --out "$OUT/sparse_memory_cuda.json" 2>&1 | tail -8 ;;
     tests) python3 -m pytest -q -p no:cacheprovider -n 8 ${QD_TESTS:-} 2>&1 | tail -12 ;;
     cache) timeout 200 python3 bench/offline_cache_bench.py cuda 2>&1 | tail -12; cp bench/results/offline_cache_cuda.md "$OUT/" ;;
   esac

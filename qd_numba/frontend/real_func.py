@@ -177,7 +177,9 @@ class QdRealFunc:
                         f"qd.real_func '{self.name}' calls a real function that is still compiling: mutual "
                         "recursion between real functions is not supported on CUDA (a function may call "
                         "itself)")) from None
-                if isinstance(e, QuadrantsError) or not is_numba_error(e):
+                # numba-cuda's typing of a global it cannot type (a field) fails with an AttributeError
+                cuda_global = target == "cuda" and isinstance(e, AttributeError)
+                if isinstance(e, QuadrantsError) or not (is_numba_error(e) or cuda_global):
                     raise
                 # raised inside the caller's typing, which would report an untyped global
                 raise typing_error(QuadrantsTypeError(

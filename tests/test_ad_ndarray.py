@@ -260,7 +260,7 @@ def test_row_read_of_a_plain_array_is_an_error_at_its_line(rng):
         rows.grad(p)
 
 
-def test_torch_tensor_with_requires_grad_gets_its_grad(rng):
+def test_torch_tensor_with_requires_grad_gets_its_grad(rng, arch):
     """As Quadrants: a torch tensor argument with ``requires_grad`` gets a zeroed ``.grad`` if it
     has none, and the gradient kernel accumulates into it; one without stays a constant."""
     torch = pytest.importorskip("torch")
@@ -275,13 +275,14 @@ def test_torch_tensor_with_requires_grad_gets_its_grad(rng):
         return (np.sin(pv) * qv + pv * np.roll(pv, -1)).sum()
 
     pv, qv = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
-    p = torch.tensor(pv, requires_grad=True)
-    q = torch.tensor(qv)
+    device = "cuda" if arch == "cuda" else "cpu"     # tensors live where the kernels run
+    p = torch.tensor(pv, requires_grad=True, device=device)
+    q = torch.tensor(qv, device=device)
     with qd.ad.Tape(loss=loss):
         energy(p, q)
     np.testing.assert_allclose(loss[None], reference(pv, qv), rtol=1e-12)
     gp = _central_differences(reference, [pv, qv])[0]
-    np.testing.assert_allclose(p.grad.numpy(), gp, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(p.grad.cpu().numpy(), gp, rtol=1e-6, atol=1e-9)
     assert q.grad is None
     energy.grad(p, q)                   # accumulates, as torch's gradients do
-    np.testing.assert_allclose(p.grad.numpy(), 2 * gp, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(p.grad.cpu().numpy(), 2 * gp, rtol=1e-6, atol=1e-9)

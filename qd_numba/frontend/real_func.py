@@ -43,6 +43,7 @@ from numba.extending import overload
 
 from .. import config
 from ..errors import QuadrantsError, QuadrantsSyntaxError, QuadrantsTypeError, typing_error
+from ..field import Field
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
 from .args import NdarraySpec, evaluate_annotation, param_kind
@@ -182,8 +183,12 @@ class QdRealFunc:
                 if isinstance(e, QuadrantsError) or not (is_numba_error(e) or cuda_global):
                     raise
                 # raised inside the caller's typing, which would report an untyped global
+                reason = numba_report(str(e))
+                if cuda_global:     # numba-cuda's message does not say which global
+                    fields = [n for n in self.fn.__code__.co_names if isinstance(self.fn.__globals__.get(n), Field)]
+                    reason = f"global {', '.join(map(repr, fields))} is a qd field ({e})" if fields else reason
                 raise typing_error(QuadrantsTypeError(
-                    f"qd.real_func '{self.name}' does not compile: {numba_report(str(e))}\n(its body may use "
+                    f"qd.real_func '{self.name}' does not compile: {reason}\n(its body may use "
                     "what @numba.njit code may: no fields, qd.func calls or qd.static)")) from None
         return impl
 

@@ -103,8 +103,10 @@ def test_one_device_per_process(monkeypatch):
         CudaRuntime.open(2)
 
 
-def test_device_of_pointer_asks_the_driver_once_per_pointer(monkeypatch):
-    asked = []
+def test_device_of_pointer_asks_the_driver_at_every_check(monkeypatch):
+    """An address freed on one device is reused by allocations on another (unified addressing):
+    the ordinal is the driver's answer now, never a remembered one."""
+    asked, owner = [], {1000: 0}
 
     class Driver:
         class CUpointer_attribute:
@@ -113,16 +115,14 @@ def test_device_of_pointer_asks_the_driver_once_per_pointer(monkeypatch):
         @staticmethod
         def cuPointerGetAttribute(attr, ptr):
             asked.append((attr, ptr))
-            return 0, ptr // 1000
+            return 0, owner[ptr]
 
     monkeypatch.setattr(runtime, "_driver", lambda: Driver)
     rt = object.__new__(CudaRuntime)
-    rt._pointer_devices = {}
-    assert [rt.device_of_pointer(p) for p in (1000, 2000, 1000, 1000, 2000)] == [1, 2, 1, 1, 2]
-    assert asked == [(9, 1000), (9, 2000)]
-    monkeypatch.setattr(runtime, "_POINTERS_KEPT", 2)
-    assert rt.device_of_pointer(3000) == 3 and rt.device_of_pointer(1000) == 1
-    assert asked[2:] == [(9, 3000), (9, 1000)]   # the table was full: forgotten, asked again
+    assert rt.device_of_pointer(1000) == 0
+    owner[1000] = 1                      # freed on device 0, allocated again on device 1
+    assert rt.device_of_pointer(1000) == 1
+    assert asked == [(9, 1000), (9, 1000)]
 
 
 # -- arrays on another device: the argument checks, with a stand-in runtime ---------------------------

@@ -119,7 +119,7 @@ def array_view(a, where: str) -> ArrayView:
 
 def _on_this_device(ptr: int, where: str) -> int:
     """``ptr``, checked to be memory of the runtime's device when the process sees several
-    (the driver's answer per pointer is remembered: CudaRuntime.device_of_pointer)."""
+    (the driver's answer at each check: CudaRuntime.device_of_pointer)."""
     rt = CudaRuntime.get()
     if rt.device_count > 1 and ptr:
         ordinal = rt.device_of_pointer(ptr)

@@ -22,7 +22,6 @@ from ... import config, offline_cache
 from ...errors import QuadrantsConfigError, QuadrantsRuntimeError
 
 FALLBACK_BLOCK = 256  # when the driver's occupancy calculator is unavailable
-_POINTERS_KEPT = 4096  # device ordinals of argument pointers remembered (CudaRuntime.device_of_pointer)
 
 
 def _driver():
@@ -301,7 +300,6 @@ class CudaRuntime:
         self.sm_count = int(dev.MULTIPROCESSOR_COUNT)
         # every resident thread of the device: the most a saturating grid-stride launch uses
         self.max_threads = self.sm_count * int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
-        self._pointer_devices = {}  # device pointer -> ordinal (device_of_pointer)
         install_cuda_ufunc_math_fallbacks()
         self.plan_builds = 0
         self.stack_limit = 0        # the cuda_stack_limit applied (0: the driver's default)
@@ -344,17 +342,13 @@ class CudaRuntime:
         return cls._instance
 
     def device_of_pointer(self, ptr: int) -> int:
-        """The ordinal of the device holding device pointer ``ptr`` (the driver's answer,
-        remembered for the last few thousand pointers, so a pointer is asked about once)."""
-        ordinal = self._pointer_devices.get(ptr)
-        if ordinal is None:
-            if len(self._pointer_devices) >= _POINTERS_KEPT:
-                self._pointer_devices.clear()
-            drv = _driver()
-            attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-            ordinal = self._pointer_devices[ptr] = int(_check(drv.cuPointerGetAttribute(attr, ptr),
-                                                              "cuPointerGetAttribute(device ordinal)"))
-        return ordinal
+        """The ordinal of the device holding device pointer ``ptr``: the driver's answer, asked
+        at every call. Not remembered per address: freed memory's addresses are reused by
+        allocations on other devices (unified addressing), so a remembered answer can be stale
+        (on two H200s a tensor on device 1 passed the remembering check: the likely cause)."""
+        drv = _driver()
+        attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        return int(_check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute(device ordinal)"))
 
     def field_table(self, fields):
         """A device table of the data pointers of ``fields`` (a kernel instance's fields, in the

@@ -172,3 +172,24 @@ def test_ndarray_argument_types_keep_the_views_dimensions(shape, strides):
     view = ArrayView(np.dtype(np.float64), shape, strides, 0, False)
     ty = _view_type("kernel 'k', argument 'a'", qd.types.ndarray(dtype=qd.f64, ndim=len(shape)), view)
     assert ty.ndim == len(shape) and ty.layout == ("C" if view.c_contiguous else "A")
+
+
+def test_recorded_device_exception_is_raised_once_naming_the_task():
+    """raise_recorded (the CUDA and AMDGPU plans' debug check): the first task's recorded code
+    becomes our exception naming the task and its line; every error word is cleared."""
+    from types import SimpleNamespace
+
+    from qd_numba.errors import QuadrantsRuntimeError
+    from qd_numba.lowering.raising import raise_recorded
+
+    words = {0x10: 0, 0x20: 7, 0x30: 9}
+    rt = SimpleNamespace(read_i32=words.__getitem__, write_i32=words.__setitem__)
+    launches = [SimpleNamespace(binary=SimpleNamespace(exceptions={7: (IndexError, ("index 12 out of range",), None),
+                                                                   9: (ValueError, ("later",), None)}),
+                                task=SimpleNamespace(name=f"task{k}", loc=f"k.py:{k + 3}")) for k in range(3)]
+    kernel = SimpleNamespace(runtime_error=lambda e: QuadrantsRuntimeError(f"kernel 'k': {type(e).__name__}: {e}"))
+    message = r"kernel 'k': IndexError: index 12 out of range \(task task1, k.py:4\)"
+    with pytest.raises(QuadrantsRuntimeError, match=message):
+        raise_recorded(kernel, rt, list(zip(launches, (0x10, 0x20, 0x30))), lambda launch: launch.task)
+    assert words == {0x10: 0, 0x20: 0, 0x30: 0}
+    raise_recorded(kernel, rt, list(zip(launches, (0x10, 0x20, 0x30))), lambda launch: launch.task)   # nothing left

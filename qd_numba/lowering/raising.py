@@ -68,6 +68,32 @@ def device_exception(code: int):
     return _table.get(code)
 
 
+def raise_recorded(kernel, rt, error_words, task_of) -> None:
+    """After a debug launch on a GPU: raise the first exception a thread of some task recorded in
+    its error word (``error_words``: (launch, device address) pairs; ``task_of(launch)`` its
+    Task), naming the kernel and the task. Every word is cleared: the tasks after a failing one
+    still ran (their own checks keep them in bounds), and what they recorded must not surface at
+    the next call. ``rt`` reads and writes device int32s (the CUDA and HIP runtimes)."""
+    recorded = []
+    for launch, address in error_words:
+        code = rt.read_i32(address)
+        if code:
+            rt.write_i32(address, 0)
+            recorded.append((launch, code))
+    if not recorded:
+        return
+    launch, code = recorded[0]
+    cls, exc_args, loc = device_exception(code) or launch.binary.exceptions.get(
+        code, (SystemError, (f"unknown error {code} in native function",), None))
+    # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task, whose
+    # location is its loop (or serial region)
+    task = task_of(launch)
+    line = f"{loc[1]}:{loc[2]}" if loc else task.loc
+    where = f" (task {task.name}" + (f", {line}" if line else "") + ")"
+    err = kernel.runtime_error(cls(*exc_args) if exc_args else cls())
+    raise type(err)(f"{err}{where}") from None
+
+
 def raise_user_error(context, builder, exc: type, args: tuple) -> None:
     """Emit ``raise exc(*args)`` at the builder's position (the current block ends)."""
     conv = call_conv(context)

@@ -31,7 +31,7 @@ from ...field import Ndarray, next_generation, written_by
 from ...frontend.args import template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
-from ...lowering.raising import device_exception
+from ...lowering.raising import raise_recorded
 from ..base import KernelBackend, Target
 from ..untyped import gc_paused
 from .plan import CODEGEN_STAGES, Toolchain, compile_kernel
@@ -207,22 +207,8 @@ class AmdgpuPlan:
                     rt.stream_wait_event(caller, join)
 
     def _raise_recorded(self) -> None:
-        """The first exception a task recorded (debug mode), as the CUDA plan raises it; every
-        error word is cleared."""
-        recorded = []
-        for launch, address in self.error_words:
-            code = self.rt.read_i32(address)
-            if code:
-                self.rt.write_i32(address, 0)
-                recorded.append((launch, code))
-        if recorded:
-            launch, code = recorded[0]
-            cls, exc_args, loc = device_exception(code) or launch.binary.exceptions.get(
-                code, (SystemError, (f"unknown error {code} in native function",), None))
-            line = f"{loc[1]}:{loc[2]}" if loc else launch.binary.task.loc
-            where = f" (task {launch.binary.task.name}" + (f", {line}" if line else "") + ")"
-            err = self.kernel.runtime_error(cls(*exc_args) if exc_args else cls())
-            raise type(err)(f"{err}{where}") from None
+        """The first exception a task recorded (debug mode), as the CUDA plan raises it."""
+        raise_recorded(self.kernel, self.rt, self.error_words, lambda launch: launch.binary.task)
 
 
 def _heap(words: int):

@@ -30,7 +30,7 @@ from ...frontend.args import template_argument
 from ...frontend.keys import artifact_key
 from ...generated_code import exec_generated
 from ...lowering import device
-from ...lowering.raising import device_exception
+from ...lowering.raising import raise_recorded
 from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ...passes.task_ir import cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
@@ -164,27 +164,8 @@ class LaunchPlan:
                     packed[PACK_HEAD + PACK_TASK * k + 1] = _grid(total, launch.block, launch.grid)
 
     def _check_errors(self, args):
-        """After a debug launch: raise the first exception a thread of some task recorded (the
-        copy waits for the kernels), naming the kernel and the task. Every word is cleared: the
-        tasks after a failing one still ran (their own checks keep them in bounds), and what they
-        recorded must not surface at the next call."""
-        recorded = []
-        for launch, address in self.error_words:
-            code = self.rt.read_i32(address)
-            if code:
-                self.rt.write_i32(address, 0)
-                recorded.append((launch, code))
-        if recorded:
-            launch, code = recorded[0]
-            cls, exc_args, loc = device_exception(code) or launch.binary.exceptions.get(
-                code, (SystemError, (f"unknown error {code} in native function",), None))
-            # numba-cuda's own raises carry their line; qd_numba's bounds checks name the task,
-            # whose location is its loop (or serial region)
-            line = f"{loc[1]}:{loc[2]}" if loc else launch.task.loc
-            where = f" (task {launch.task.name}" + (f", {line}" if line else "") + ")"
-            exc = cls(*exc_args) if exc_args else cls()
-            err = self.kernel.runtime_error(exc)
-            raise type(err)(f"{err}{where}") from None
+        """After a debug launch: the first exception a task recorded, raised (raise_recorded)."""
+        raise_recorded(self.kernel, self.rt, self.error_words, lambda launch: launch.task)
 
     def _failed(self, status):
         task = self.launches[status >> 32].task

@@ -553,7 +553,8 @@ def test_generated_runner_marks_only_the_nodes_whose_cells_changed():
     plan = types.SimpleNamespace(params=[("x", "ndarray"), ("a", "scalar"), ("b", "scalar")], cells=cells,
                                  graph=graph, rt=None, launch_all=None, totals_fn=None, timer=None, written=(),
                                  written_args=(), error_words=[], launches=launches, ret=None,
-                                 _patch_view=lambda name, view, key: key, cells_owner=None)
+                                 _patch_view=lambda name, view, key: key, cells_owner=None,
+                                 stream_blocks=None, auto_graph=False)
     src, ns = cuda_plan._runner_source(plan)
     exec(compile(src, "<runner>", "exec"), ns)
     run = ns["make"]()

@@ -263,18 +263,18 @@ def _runner_source(plan, on_stream=False, prepare=False):
     params = plan.params
     args = [f"a{i}" for i in range(len(params))]
     views = {i: f"v{i}" for i, (_, kind) in enumerate(params) if kind == "ndarray"}
-    ns = {"plan": plan, "rt": plan.rt, "launch_all": plan.launch_all,
+    # launch_all() launches every task: in order, or forked/joined over qd.stream_parallel() blocks
+    launch_all = plan.launch_all if plan.stream_blocks is None else plan.stream_blocks.launch
+    ns = {"plan": plan, "rt": plan.rt, "launch_all": launch_all,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET, "me": object()}
     state, body = [], []
     graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
-    auto = graph is not None and getattr(plan, "auto_graph", False) and not prepare
+    auto = graph is not None and plan.auto_graph and not prepare
     if graph is not None:   # dirty: a bit per graph node that reads a cell this call changes
         ns["graph"] = graph
         body.append("dirty = 0")
     if auto:                # nodes to patch at the next replay (changed on calls launched plainly)
         state.append("pending = 0")
-        if plan.stream_blocks is not None:   # the graph's blocks are branches; a plain launch forks/joins
-            ns["launch_all"] = plan.stream_blocks.launch
 
     def dirties(i, name):
         """The line marking the nodes that read parameter ``name`` (graph plans only)."""
@@ -356,8 +356,6 @@ def _runner_source(plan, on_stream=False, prepare=False):
     else:
         if plan.timer is not None:
             ns["packed"] = plan.packed.ctypes.data
-        if plan.stream_blocks is not None:
-            ns["launch_all"] = plan.stream_blocks.launch
         launch += ["status = launch_all()" if plan.timer is None else "status = timer.launch(packed)",
                    "if status >= 0:",
                    "    plan._failed(status)"]

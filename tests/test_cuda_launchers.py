@@ -53,10 +53,13 @@ def cache_files(path):
     return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files if f.endswith(".qdc")]
 
 
-@pytest.fixture(params=["built", "from the offline cache"])
+@pytest.fixture(params=["built", "from the offline cache", "python (until the native loops exist)"])
 def driver(request, tmp_path_factory):
     if request.param not in _LAUNCHERS:
-        if request.param == "built":
+        if request.param.startswith("python"):
+            _LAUNCHERS[request.param] = runtime.PyLaunchers(ctypes.cast(_launch, ctypes.c_void_p).value,
+                                                            ctypes.cast(_record, ctypes.c_void_p).value)
+        elif request.param == "built":
             _LAUNCHERS["built"] = stand_in_launchers()
         else:   # the second process's path: the object code written by the first is loaded
             cache = tmp_path_factory.mktemp("launchers_cache")
@@ -193,3 +196,82 @@ def test_recorded_device_exception_is_raised_once_naming_the_task():
         raise_recorded(kernel, rt, list(zip(launches, (0x10, 0x20, 0x30))), lambda launch: launch.task)
     assert words == {0x10: 0, 0x20: 0, 0x30: 0}
     raise_recorded(kernel, rt, list(zip(launches, (0x10, 0x20, 0x30))), lambda launch: launch.task)   # nothing left
+
+
+@pytest.fixture
+def fresh_launchers(monkeypatch):
+    """The runtime's process-wide launchers reset (restored after the test), the driver's entry
+    points replaced by the stand-ins, and the native build held until ``release`` is set."""
+    release = __import__("threading").Event()
+    built = []
+
+    class HeldLaunchers(Launchers):
+        def __init__(self, *a):
+            assert release.wait(30)
+            super().__init__(*a)
+            built.append(self)
+
+    entry = (ctypes.cast(_launch, ctypes.c_void_p).value, ctypes.cast(_record, ctypes.c_void_p).value)
+    monkeypatch.setattr(runtime, "_driver_entry_points", lambda: entry)
+    monkeypatch.setattr(runtime, "Launchers", HeldLaunchers)
+    for name, value in (("_launchers", None), ("_launchers_error", None), ("_launchers_thread", None),
+                        ("_build_mutex", __import__("threading").Lock()),
+                        ("_waiting", []), ("_py_launchers", None)):
+        monkeypatch.setattr(runtime, name, value)
+    _STATE["launches"].clear()
+    yield release, built
+    release.set()
+    if runtime._launchers_thread is not None:
+        runtime._launchers_thread.join()
+
+
+def test_a_plan_launches_in_python_until_the_native_loops_exist_then_switches(fresh_launchers, rng):
+    release, built = fresh_launchers
+    packed, tasks = packed_tasks(rng, 5, stream=77)
+    expected = [expected_call(t, 77) for t in tasks if t[1] > 0]
+    assert expected
+    switched = []
+    launch_all = runtime.bind_launch_all(packed.ctypes.data, switched.append)
+    assert isinstance(runtime._py_launchers, runtime.PyLaunchers) and not built
+    assert launch_all() == -1                       # launched by the Python loop
+    assert _STATE["launches"] == expected
+    release.set()
+    runtime._launchers_thread.join()
+    assert len(built) == 1 and len(switched) == 1 and runtime.launchers() is built[0]
+    _STATE["launches"].clear()
+    assert switched[0]() == -1                      # the native builtin, bound to the same array
+    assert _STATE["launches"] == expected
+    # once the native loops exist, a new plan gets them at once
+    assert runtime.bind_launch_all(packed.ctypes.data, switched.append)() == -1 and len(switched) == 1
+
+
+def test_a_plans_generated_callers_switch_to_the_native_launch_all(fresh_launchers, rng):
+    from qd_numba.targets.cuda.plan import LaunchPlan
+
+    release, _built = fresh_launchers
+    packed, tasks = packed_tasks(rng, 4, stream=0)
+    expected = [expected_call(t, 0) for t in tasks if t[1] > 0]
+    plan = LaunchPlan.__new__(LaunchPlan)
+    plan._launch_all_users = []
+    plan.launch_all = runtime.bind_launch_all(packed.ctypes.data, plan._use_native_launch_all)
+    python = plan.launch_all
+    caller, stream_parallel = {"launch_all": python}, {"launch_all": "a stream-parallel block launcher"}
+    plan._launch_all_users += [caller, stream_parallel]
+    release.set()
+    runtime._launchers_thread.join()
+    assert plan.launch_all is not python and caller["launch_all"] is plan.launch_all
+    assert stream_parallel["launch_all"] == "a stream-parallel block launcher"   # only its own launcher
+    _STATE["launches"].clear()
+    assert caller["launch_all"]() == -1 and _STATE["launches"] == expected
+
+
+def test_launchers_reports_a_failed_build(fresh_launchers, monkeypatch):
+    release, _built = fresh_launchers
+
+    def broken(*a):
+        raise OSError("no LLVM today")
+
+    monkeypatch.setattr(runtime, "Launchers", broken)
+    release.set()
+    with pytest.raises(runtime.QuadrantsRuntimeError, match="launch loops could not be built"):
+        runtime.launchers()

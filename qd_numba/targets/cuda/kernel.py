@@ -33,7 +33,7 @@ from ..untyped import gc_paused
 from .arrays import array_view
 from .compile import cuda_available
 from .plan import CODEGEN_STAGES, _tuple_src, build_plan, plan_types
-from .runtime import CudaRuntime, ensure_device
+from .runtime import CudaRuntime, ensure_device, start_launchers
 
 
 class CudaTarget(Target):
@@ -54,6 +54,7 @@ class CudaTarget(Target):
             raise QuadrantsRuntimeError("qd.init(arch=cuda): no usable NVIDIA GPU (needs a CUDA driver, a device, and "
                                         "`pip install qd_numba[cuda]`); use qd.cpu")
         CudaRuntime.open(cfg.device_id)
+        start_launchers()   # the native launch loops, built while the program goes on (runtime.py)
 
     def dlpack_buffer(self, data, stream, copy):
         dev = data._dev

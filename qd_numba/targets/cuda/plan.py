@@ -44,6 +44,7 @@ from .runtime import (
     CudaRuntime,
     _check,
     _driver,
+    bind_launch_all,
     launchers,
 )
 from .stream_pool import stream_blocks
@@ -102,7 +103,9 @@ class LaunchPlan:
         # the arguments the host iteration counts read (parsed from the generated source)
         self.totals_args = sorted(set(getattr(totals_fn, "qd_args", ())))
         self.packed = self._pack(self.rt)
-        self.launch_all = launchers().bind_launch_all(self.packed.ctypes.data)   # launch_all() -> status
+        # launch_all() -> status: the Python loop until the native one exists (runtime.bind_launch_all)
+        self._launch_all_users = []         # namespaces of generated callers holding launch_all
+        self.launch_all = bind_launch_all(self.packed.ctypes.data, self._use_native_launch_all)
         # qd.init(kernel_profiler=True): this plan launches through CUDA events (profiler.py)
         self.timer = profiler.CudaLaunchTimer(kernel.qualname, [t.name for t in self.tasks], launchers().launch_timed,
                                               self.packed[PACK_HEAD + 1::PACK_TASK]) \
@@ -127,6 +130,13 @@ class LaunchPlan:
             and launches and plain else None
         self.cells_owner = None    # the runner whose state describes the cells (plain or on a stream)
         self.run = self._make_runner()
+
+    def _use_native_launch_all(self, native) -> None:
+        """Switch to the native ``launch_all`` (called once, on the thread that built it)."""
+        python, self.launch_all = self.launch_all, native
+        for ns in self._launch_all_users:
+            if ns.get("launch_all") is python:
+                ns["launch_all"] = native
 
     def _pack(self, rt):
         """The native launcher's array; grids of loops with host-known counts are final."""
@@ -267,6 +277,8 @@ def _runner_source(plan, on_stream=False, prepare=False):
     launch_all = plan.launch_all if plan.stream_blocks is None else plan.stream_blocks.launch
     ns = {"plan": plan, "rt": plan.rt, "launch_all": launch_all,
           "Ndarray": Ndarray, "copy_back": _copy_back, "UNSET": _UNSET, "me": object()}
+    if plan.stream_blocks is None:
+        plan._launch_all_users.append(ns)    # the generated code's globals: switched to the native loop
     state, body = [], []
     graph = plan.graph if not on_stream else None    # graph kernels refuse qd_stream=
     auto = graph is not None and plan.auto_graph and not prepare

@@ -13,6 +13,7 @@ This module never compiles kernels and never looks at kernel arguments (arrays.p
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -247,18 +248,285 @@ _new_builtin.restype = ctypes.py_object
 _new_builtin.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
 
 
-_launchers = None
+class PyLaunchers:
+    """The launch loops of :class:`Launchers` in Python over ctypes: same functions, same
+    results. A plan launches through them while the native loops are still being built on the
+    thread :func:`start_launchers` starts, so a process whose kernels come from the offline cache
+    does not wait ~2 ms (MCJIT's set-up) before its first launch; the plan moves to the native
+    loops once they exist (:func:`bind_launch_all`). A launch costs ~1-2 us more here."""
+
+    def __init__(self, launch: int, record: int):
+        c_int, c_uint, c_ptr = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+        self._launch = ctypes.CFUNCTYPE(c_int, c_ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
+                                        c_ptr, c_ptr, c_ptr)(launch)
+        self._record = ctypes.CFUNCTYPE(c_int, c_ptr, c_ptr)(record)
+
+    @staticmethod
+    def _words(packed: int):
+        n = ctypes.c_int64.from_address(packed).value
+        return (ctypes.c_int64 * (PACK_HEAD + PACK_TASK * n)).from_address(packed)
+
+    def _launch_if_work(self, words, k: int, stream: int) -> int:
+        base = PACK_HEAD + PACK_TASK * k
+        task, grid, block, params = words[base:base + PACK_TASK]
+        if grid <= 0:
+            return 0
+        return self._launch(task, grid, 1, 1, block, 1, 1, 0, stream, params, None)
+
+    def launch_all(self, packed: int) -> int:
+        words = self._words(packed)
+        for k in range(words[0]):
+            err = self._launch_if_work(words, k, words[1])
+            if err:
+                return (k << 32) | err
+        return -1
+
+    def launch_task(self, packed: int, k: int) -> int:
+        words = self._words(packed)
+        err = self._launch_if_work(words, k, words[1])
+        return (k << 32) | err if err else -1
+
+    def launch_timed(self, packed: int, events: int) -> int:
+        words = self._words(packed)
+        n, stream = words[0], words[1]
+        marks = (ctypes.c_int64 * (2 * n)).from_address(events) if n else ()
+        for k in range(n):
+            err = self._record(marks[2 * k], stream) or self._launch_if_work(words, k, stream) \
+                or self._record(marks[2 * k + 1], stream)
+            if err:
+                return (k << 32) | err
+        return -1
+
+    def bind_launch_all(self, packed: int):
+        return functools.partial(self.launch_all, packed)
+
+
+# the process's launchers: built once, on the thread start_launchers() starts (qd.init(arch=qd.cuda))
+# or, if nothing started it, by the first launchers() call
+_launchers: Launchers | None = None
+_launchers_error: BaseException | None = None
+_launchers_thread: threading.Thread | None = None
+_launchers_lock = threading.Lock()      # the globals below
+_build_mutex = threading.Lock()         # one build at a time
+_waiting: list = []            # callbacks of plans launching through PyLaunchers until _launchers exists
+_py_launchers: PyLaunchers | None = None
+
+
+def _driver_entry_points() -> tuple[int, int]:
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    return (ctypes.cast(libcuda.cuLaunchKernel, ctypes.c_void_p).value,
+            ctypes.cast(libcuda.cuEventRecord, ctypes.c_void_p).value)
+
+
+def _build_launchers(entry_points=None) -> None:
+    """Build the native loops unless done (here, or waiting for the thread that builds them).
+    Under Numba's compiler lock: MCJIT uses LLVM's global context, which Numba's compiles share;
+    the locks are always taken in this order, so a thread compiling with Numba that calls
+    :func:`launchers` builds them itself instead of waiting for a thread that waits for it."""
+    global _launchers, _launchers_error
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock, _build_mutex:
+        if _launchers is not None or _launchers_error is not None:
+            return
+        try:
+            built = Launchers(*(entry_points or _driver_entry_points()))
+        except BaseException as e:   # re-raised by launchers(); plans keep the Python loops
+            with _launchers_lock:
+                _launchers_error = e
+                _waiting.clear()
+            return
+        with _launchers_lock:
+            _launchers = built
+            waiting = list(_waiting)
+            _waiting.clear()
+    for on_native in waiting:
+        on_native(built)
+
+
+def start_launchers(entry_points=None) -> None:
+    """Build the native launch loops on a thread (once per process; ``entry_points``: the
+    addresses of ``cuLaunchKernel`` and ``cuEventRecord``, the driver's by default)."""
+    global _launchers_thread
+    with _launchers_lock:
+        if _launchers_thread is not None or _launchers is not None:
+            return
+        _launchers_thread = threading.Thread(target=_build_launchers, args=(entry_points,),
+                                             name="qd_numba launchers", daemon=True)
+        _launchers_thread.start()
 
 
 def launchers() -> Launchers:
-    """The process's :class:`Launchers` over the driver's entry points (built on first use)."""
-    global _launchers
+    """The process's native :class:`Launchers` (built here, or waited for when the thread
+    :func:`start_launchers` started is building them)."""
     if _launchers is None:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        address = ctypes.cast
-        _launchers = Launchers(address(libcuda.cuLaunchKernel, ctypes.c_void_p).value,
-                               address(libcuda.cuEventRecord, ctypes.c_void_p).value)
+        _build_launchers()
+        if _launchers is None:
+            raise QuadrantsRuntimeError(f"the CUDA launch loops could not be built: {_launchers_error!r}") \
+                from _launchers_error
     return _launchers
+
+
+def bind_launch_all(self, packed: int):
+        """``launch_all()`` of the packed array at address ``packed`` (kept alive by the caller),
+        as a builtin function taking no arguments."""
+        return _new_builtin(ctypes.addressof(self._method), packed, None)
+
+
+_ENGINES: list = []
+_EXTERNALS = ("qd_extern_cuLaunchKernel", "qd_extern_cuEventRecord", "qd_extern_PyLong_AsVoidPtr",
+              "qd_extern_PyLong_FromLongLong")
+
+
+def _launchers_key() -> str:
+    """The offline-cache key of the launchers' code: this module's source (which builds it), the
+    host triple and llvmlite's version (its LLVM makes the object code)."""
+    import hashlib
+
+    import llvmlite
+    import llvmlite.binding as llvm
+
+    with open(__file__, "rb") as f:
+        source = f.read()
+    return hashlib.sha256(b"qd_launchers\0" + source + llvm.get_process_triple().encode() +
+                          llvmlite.__version__.encode()).hexdigest()
+
+
+class _PyMethodDef(ctypes.Structure):
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p), ("ml_flags", ctypes.c_int),
+                ("ml_doc", ctypes.c_char_p)]
+
+
+_METH_NOARGS = 0x0004
+_new_builtin = ctypes.pythonapi.PyCFunction_NewEx
+_new_builtin.restype = ctypes.py_object
+_new_builtin.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
+
+
+class PyLaunchers:
+    """The launch loops of :class:`Launchers` in Python over ctypes: same functions, same
+    results. A plan launches through them while the native loops are still being built on the
+    thread :func:`start_launchers` starts, so a process whose kernels come from the offline cache
+    does not wait ~2 ms (MCJIT's set-up) before its first launch; the plan moves to the native
+    loops once they exist (:func:`bind_launch_all`). A launch costs ~1-2 us more here."""
+
+    def __init__(self, launch: int, record: int):
+        c_int, c_uint, c_ptr = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+        self._launch = ctypes.CFUNCTYPE(c_int, c_ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
+                                        c_ptr, c_ptr, c_ptr)(launch)
+        self._record = ctypes.CFUNCTYPE(c_int, c_ptr, c_ptr)(record)
+
+    @staticmethod
+    def _words(packed: int):
+        n = ctypes.c_int64.from_address(packed).value
+        return (ctypes.c_int64 * (PACK_HEAD + PACK_TASK * n)).from_address(packed)
+
+    def _launch_if_work(self, words, k: int, stream: int) -> int:
+        base = PACK_HEAD + PACK_TASK * k
+        task, grid, block, params = words[base:base + PACK_TASK]
+        if grid <= 0:
+            return 0
+        return self._launch(task, grid, 1, 1, block, 1, 1, 0, stream, params, None)
+
+    def launch_all(self, packed: int) -> int:
+        words = self._words(packed)
+        for k in range(words[0]):
+            err = self._launch_if_work(words, k, words[1])
+            if err:
+                return (k << 32) | err
+        return -1
+
+    def launch_task(self, packed: int, k: int) -> int:
+        words = self._words(packed)
+        err = self._launch_if_work(words, k, words[1])
+        return (k << 32) | err if err else -1
+
+    def launch_timed(self, packed: int, events: int) -> int:
+        words = self._words(packed)
+        n, stream = words[0], words[1]
+        marks = (ctypes.c_int64 * (2 * n)).from_address(events) if n else ()
+        for k in range(n):
+            err = self._record(marks[2 * k], stream) or self._launch_if_work(words, k, stream) \
+                or self._record(marks[2 * k + 1], stream)
+            if err:
+                return (k << 32) | err
+        return -1
+
+    def bind_launch_all(self, packed: int):
+        return functools.partial(self.launch_all, packed)
+
+
+# the process's launchers: built once, on the thread start_launchers() starts (qd.init(arch=qd.cuda))
+# or, if nothing started it, by the first launchers() call
+_launchers: Launchers | None = None
+_launchers_error: BaseException | None = None
+_launchers_thread: threading.Thread | None = None
+_launchers_lock = threading.Lock()
+_waiting: list = []            # callbacks of plans launching through PyLaunchers until _launchers exists
+_py_launchers: PyLaunchers | None = None
+
+
+def _driver_entry_points() -> tuple[int, int]:
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    return (ctypes.cast(libcuda.cuLaunchKernel, ctypes.c_void_p).value,
+            ctypes.cast(libcuda.cuEventRecord, ctypes.c_void_p).value)
+
+
+def _build_launchers(entry_points=None) -> None:
+    global _launchers, _launchers_error
+    try:
+        built = Launchers(*(entry_points or _driver_entry_points()))
+    except BaseException as e:   # re-raised by launchers(); plans keep the Python loops
+        with _launchers_lock:
+            _launchers_error = e
+            _waiting.clear()
+        return
+    with _launchers_lock:
+        _launchers = built
+        waiting = list(_waiting)
+        _waiting.clear()
+    for on_native in waiting:
+        on_native(built)
+
+
+def start_launchers(entry_points=None) -> None:
+    """Build the native launch loops on a thread (once per process; ``entry_points``: the
+    addresses of ``cuLaunchKernel`` and ``cuEventRecord``, the driver's by default)."""
+    global _launchers_thread
+    with _launchers_lock:
+        if _launchers_thread is not None or _launchers is not None:
+            return
+        _launchers_thread = threading.Thread(target=_build_launchers, args=(entry_points,),
+                                             name="qd_numba launchers", daemon=True)
+        _launchers_thread.start()
+
+
+def launchers() -> Launchers:
+    """The process's native :class:`Launchers` (waiting for the thread that builds them, or
+    building them here when none was started)."""
+    if _launchers is None:
+        start_launchers()
+        _launchers_thread.join()
+        if _launchers is None:
+            raise QuadrantsRuntimeError(f"the CUDA launch loops could not be built: {_launchers_error!r}") \
+                from _launchers_error
+    return _launchers
+
+
+def bind_launch_all(packed: int, on_native):
+    """``launch_all()`` of the packed array at ``packed``: the native builtin when the native
+    loops exist; else the Python loop, and ``on_native(native_launch_all)`` is called (on the
+    building thread) once they do, for the plan to switch."""
+    global _py_launchers
+    start_launchers()
+    with _launchers_lock:
+        native = _launchers
+        if native is None and _launchers_error is None:
+            _waiting.append(lambda built: on_native(built.bind_launch_all(packed)))
+            if _py_launchers is None:
+                _py_launchers = PyLaunchers(*_driver_entry_points())
+            return _py_launchers.bind_launch_all(packed)
+    return launchers().bind_launch_all(packed)
 
 
 # -- the runtime: device, context table ---------------------------------------------------------------

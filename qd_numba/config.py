@@ -101,6 +101,7 @@ class Config:
     compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
     cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
     cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
+    task_pipeline: str = "gated"        # QD_TASK_PIPELINE: gated | full (Numba's pipeline per task, unchanged)
     check_out_of_bound: bool = False    # Quadrants' bounds-check switch: turns on ``debug`` here
     advanced_optimization: bool = True  # off: no optional optimisation (cfg_optimization off too)
     short_circuit_operators: bool = True   # kernels' and/or always short-circuit (Python's rule)
@@ -225,6 +226,7 @@ def config_from_env(**overrides) -> Config:
         auto_graph=env_flag("QD_AUTO_GRAPH", True),
         cfg_optimization=env_flag("QD_CFG_OPTIMIZATION", True),
         cfg_optimization_per_task=env_flag("QD_CFG_OPTIMIZATION_PER_TASK", True),
+        task_pipeline=os.environ.get("QD_TASK_PIPELINE", "gated").strip().lower(),
         ad_stack_size=env_int("QD_AD_STACK_SIZE", 0),
         ad_stack_sizer=os.environ.get("QD_AD_STACK_SIZER", "auto").strip().lower(),
         pointer_pool_fraction=env_float("QD_POINTER_POOL_FRACTION", 1.0),
@@ -254,6 +256,8 @@ def config_from_env(**overrides) -> Config:
     if cfg.offline_cache_cleaning_policy not in CLEANING_POLICIES:
         raise QuadrantsConfigError(f"offline_cache_cleaning_policy={cfg.offline_cache_cleaning_policy!r}: "
                                    f"expected one of {', '.join(CLEANING_POLICIES)}")
+    if cfg.task_pipeline not in ("gated", "full"):
+        raise QuadrantsConfigError(f"task_pipeline={cfg.task_pipeline!r}: expected 'gated' or 'full'")
     if cfg.ad_stack_sizer not in AD_STACK_SIZERS:
         raise QuadrantsConfigError(f"ad_stack_sizer={cfg.ad_stack_sizer!r}: "
                                    f"expected one of {', '.join(AD_STACK_SIZERS)}")

@@ -481,6 +481,8 @@ class CompileRecord:
     # seconds worked on other threads (CUDA: NVVM, nvJitLink on the device-codegen pool), per
     # stage; they overlap the stages, which split the compiling thread's time
     threads: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the stages open in this compile, innermost last: seconds of the stages nested in each
+    _open_stages: list = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def describe(self) -> str:
         stages = ", ".join(f"{name} {sec:.3f} s" for name, sec in self.stages.items())
@@ -539,29 +541,37 @@ def compiling(kernel: str, target: str):
 @contextlib.contextmanager
 def stage(name: str, *, llvm: bool = False):
     """Add the time of this block to stage ``name`` of the compile open in this thread (if
-    any). ``llvm=True``: the part spent inside LLVM (Numba's LLVM lock) goes to stage "LLVM"."""
+    any), less the time of the stages opened inside it (each counts its own), so the stages
+    of a record add up to its time. ``llvm=True``: the part spent inside LLVM (Numba's LLVM
+    lock) goes to stage "LLVM"."""
     stack = getattr(_open, "stack", None)
     if not stack:
         yield
         return
-    stages = stack[-1].stages
+    record = stack[-1]
+    stages, nested = record.stages, [0.0]
     listener = None
     start = time.perf_counter()
-    if llvm:
-        from numba.core import event
+    record._open_stages.append(nested)
+    try:
+        if llvm:
+            from numba.core import event
 
-        listener = event.TimingListener()
-        with event.install_listener("numba:llvm_lock", listener):
+            listener = event.TimingListener()
+            with event.install_listener("numba:llvm_lock", listener):
+                yield
+        else:
             yield
-    else:
-        yield
+    finally:
+        record._open_stages.pop()
     seconds = time.perf_counter() - start
+    if record._open_stages:     # a stage inside a stage: its time is not the outer one's
+        record._open_stages[-1][0] += seconds
+    seconds -= nested[0]
     if listener is not None and listener.done:
         seconds -= listener.duration
-        stages[name] = stages.get(name, 0.0) + seconds
         stages["LLVM"] = stages.get("LLVM", 0.0) + listener.duration
-    else:
-        stages[name] = stages.get(name, 0.0) + seconds
+    stages[name] = stages.get(name, 0.0) + seconds
 
 
 def add_stage_time(name: str, seconds: float, *, background: float = 0.0) -> None:
@@ -572,6 +582,8 @@ def add_stage_time(name: str, seconds: float, *, background: float = 0.0) -> Non
         return
     record = stack[-1]
     record.stages[name] = record.stages.get(name, 0.0) + seconds
+    if record._open_stages:     # inside a stage: not that stage's time
+        record._open_stages[-1][0] += seconds
     if background:
         record.threads[name] = record.threads.get(name, 0.0) + background
 

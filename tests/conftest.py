@@ -4,10 +4,11 @@
 default) every kernel a test compiles is also compiled for CUDA down to a cubin
 (``cuda_compile_check``, no GPU needed) when numba-cuda is installed, so the CUDA code path —
 our passes, types and lowering — runs on every commit; numerics come from the CPU run.
-The files of ``AMDGPU_COMPILE_CHECK_FILES`` also compile every kernel for AMDGPU (gfx942, no
-GPU: docs/amdgpu.md); ``--arch=amdgpu`` runs the suite on an AMD GPU, and tests marked ``amdgpu``
-run only there. The full IR verifier runs after every pass (``QD_VERIFY_EACH_PASS=1``). The offline cache is
-off (``QD_OFFLINE_CACHE=0``: the suite never writes to the user's cache directory).
+Every kernel is also compiled for AMDGPU (gfx942, down to a code object; no GPU:
+docs/amdgpu.md) from the same lowering; ``--arch=amdgpu`` runs the suite on an AMD GPU, and tests
+marked ``amdgpu`` run only there. The full IR verifier runs after every pass
+(``QD_VERIFY_EACH_PASS=1``). The offline cache is off (``QD_OFFLINE_CACHE=0``: the suite never
+writes to the user's cache directory).
 """
 
 from __future__ import annotations
@@ -26,21 +27,12 @@ os.environ.setdefault("QD_OFFLINE_CACHE", "0")
 import qd_numba as qd  # noqa: E402
 from qd_numba.targets.cuda.compile import numba_cuda_importable  # noqa: E402
 
-# through the environment, so that tests calling qd.init(debug=True) etc. keep the CUDA check
+# through the environment, so that tests calling qd.init(debug=True) etc. keep the checks: the
+# CUDA one, and the AMDGPU one (gfx942, down to a code object) from the same lowering
+# (docs/amdgpu.md); QD_AMDGPU_COMPILE_CHECK=0 turns the second off
 if numba_cuda_importable():
     os.environ.setdefault("QD_CUDA_COMPILE_CHECK", "1")
-
-
-# the AMDGPU compile check (QD_AMDGPU_COMPILE_CHECK) of the whole suite would add minutes (an LLVM
-# AMDGPU codegen and a link per task, ~0.5 s on 2 loaded cores), so it runs on these files only:
-# every kind of task (range-for, serial, reduction), loop shapes, atomics, math, debug-mode checks,
-# fields and SNode trees, structs and vectors, random numbers, functions and gradient kernels
-# (~250 kernels, ~2 min of codegen on one loaded core: docs/amdgpu.md). QD_AMDGPU_COMPILE_CHECK=1
-# turns it on for every file, =0 off.
-AMDGPU_COMPILE_CHECK_FILES = {"test_loops.py", "test_reductions.py", "test_atomics.py", "test_assert.py",
-                              "test_amdgpu_codegen.py", "test_array_access.py", "test_autodiff.py", "test_fields.py",
-                              "test_funcs.py", "test_math_ops.py", "test_random.py", "test_real_func.py",
-                              "test_snode.py", "test_struct.py", "test_vectors_in_kernels.py"}
+    os.environ.setdefault("QD_AMDGPU_COMPILE_CHECK", "1")
 
 
 def pytest_addoption(parser):
@@ -81,24 +73,6 @@ def arch(request):
 @pytest.fixture
 def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
-@pytest.fixture(autouse=True)
-def _amdgpu_compile_check_subset(request):
-    """The AMDGPU compile check on :data:`AMDGPU_COMPILE_CHECK_FILES` (unless QD_AMDGPU_COMPILE_CHECK
-    says otherwise), with the CUDA one where that is on (one lowering for both)."""
-    from qd_numba import config
-
-    if os.environ.get("QD_AMDGPU_COMPILE_CHECK", "").strip() or request.path.name not in AMDGPU_COMPILE_CHECK_FILES \
-            or _arch(request.config) != "cpu" or not numba_cuda_importable():
-        yield
-        return
-    saved = config.current.amdgpu_compile_check
-    config.current.amdgpu_compile_check = True
-    try:
-        yield
-    finally:
-        config.current.amdgpu_compile_check = saved
 
 
 @pytest.fixture(autouse=True)

@@ -341,7 +341,8 @@ def test_a_cpu_process_never_imports_numba_cuda(rng):
         "assert np.allclose(x.to_numpy(), a * 2), 'result'\n"
         "assert 'numba.cuda' not in sys.modules, 'first kernel'\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")}
+    checks = ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")
+    env = {k: v for k, v in os.environ.items() if k not in checks}
     values = [repr(float(v)) for v in rng.uniform(-1, 1, 8)]
     proc = subprocess.run([sys.executable, "-c", code, *values], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -123,7 +123,7 @@ print(ns["scale"].compile_count, len(ns["scale"]._ir), s.hits, s.writes, s.disca
 def run_script(path, seed, env=None):
     return subprocess.Popen([sys.executable, "-c", SCRIPT, str(path), str(seed)], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": _pythonpath(), "QD_CUDA_COMPILE_CHECK": "0",
-                                 **(env or {})},
+                                 "QD_AMDGPU_COMPILE_CHECK": "0", **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -84,5 +84,5 @@ def artifact_key(kernel, param_types: dict, templates: dict, fields: list, cfg, 
 
 CODE_CONFIG = frozenset({"debug", "default_fp", "default_ip", "aggressive_kernel_fusion",
                          "aggressive_kernel_fusion_raw", "kernel_fusion_budget", "warp_reduce", "cfg_optimization",
-                         "cfg_optimization_per_task"})
+                         "cfg_optimization_per_task", "task_pipeline"})
 """The configuration fields that change generated code (the rest change messages or checks)."""

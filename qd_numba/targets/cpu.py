@@ -38,6 +38,7 @@ from ..passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ..passes.task_ir import Emitter, TaskABI, cut_task
 from ..passes.task_types import TypedPiece
 from ..profiler import CLOCK_MONOTONIC, TASK_COUNTER_WORDS, counter_at
+from .task_pipeline import gate
 
 CODEGEN_STAGES = ("split into a driver (serial code, launches) and one task function per range-for, cut by "
                   "passes/task_ir.py with CpuTaskABI (targets/cpu.py build_driver)",
@@ -104,7 +105,8 @@ class TaskFunction:
         with _lock:
             try:
                 cres = compiler.compile_ir(cpu_target.typing_context, context, func_ir, argtypes, types.none,
-                                           flags, {}, library=context.active_code_library)
+                                           flags, {}, library=context.active_code_library,
+                                           pipeline_class=TaskCompiler)
             except Exception as e:
                 self.error = e
                 raise
@@ -120,6 +122,14 @@ class TaskFunction:
 
     def __deepcopy__(self, memo):
         return self
+
+
+class TaskCompiler(compiler.CompilerBase):
+    """Numba's nopython pipeline with the passes a task rarely needs gated (task_pipeline.py):
+    task functions and drivers (a driver is a kernel's serial code and its launches)."""
+
+    def define_pipelines(self):
+        return [gate(compiler.DefaultPassBuilder.define_nopython_pipeline(self.state), "numba.core")]
 
 
 class TaskFunctionType(types.Dummy):
@@ -468,7 +478,8 @@ def compile_driver(driver_ir, argtypes, task_functions, debug: bool):
     library.enable_object_caching()     # as Numba's own libraries: the offline cache serialises it
     with _lock:
         cres = compiler.compile_ir(cpu_target.typing_context, context, driver_ir,
-                                   tuple(argtypes), None, compile_flags(debug, entry=True), {}, library=library)
+                                   tuple(argtypes), None, compile_flags(debug, entry=True), {}, library=library,
+                                   pipeline_class=TaskCompiler)
         for tf in task_functions:
             tf.install_environments(cres.library)
         return cres

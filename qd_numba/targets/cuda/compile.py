@@ -537,6 +537,20 @@ class LoweredTask:
         )
 
 
+@functools.cache
+def _task_compiler():
+    """numba-cuda's pipeline with the passes a task rarely needs gated (targets/task_pipeline.py)."""
+    from numba.cuda import compiler as cc_mod
+
+    from ..task_pipeline import gate
+
+    class TaskCompiler(cc_mod.CUDACompiler):
+        def define_pipelines(self):
+            return [gate(pm, "numba.cuda.core") for pm in super().define_pipelines()]
+
+    return TaskCompiler
+
+
 def lower_task(
     func_ir: Any,
     argtypes: Sequence[Any],
@@ -610,7 +624,7 @@ def lower_task(
         with _offline_device(ccn), cuda_utils.numba_target_override():
             tctx = cuda_target.typing_context
             gctx = cuda_target.target_context
-            pipeline = cc_mod.CUDACompiler(
+            pipeline = _task_compiler()(
                 tctx, gctx, None, argtypes, core_types.void, flags, {}, CUDACallConv(gctx), {}
             )
             with profiler.stage("typing + lowering"):  # compile records (profiler.py)

@@ -1,0 +1,117 @@
+"""The Numba pipeline of a task function: Numba's own, with four passes that rarely have work in a
+task run only when their trigger is in its IR.
+
+A kernel of K loops is K Numba compiles (one per task function or task kernel), so every pass of
+Numba's pipeline runs K times. Four of them scan the whole IR, and run Numba's post-processing
+over it, to find constructs that task IRs seldom hold; :func:`gate` replaces each by a pass that
+first looks for its trigger (one walk over the statements) and runs the original only when it is
+there, so the compile is the same whenever the pass could change anything:
+
+* ``with_lifting``: a ``with`` block;
+* ``inline_closure_likes``: a closure (``make_function``), a list display (an array
+  comprehension), ``functools.reduce`` or a stencil; without one only its scope fix-up runs
+  (``fixup_var_define_in_scope``);
+* ``make_function_op_code_to_jit_function``: a ``make_function``;
+* ``nopython_rewrites`` (after typing): a value typed as an array or a string literal (array
+  expressions, string-literal subscripts, arrays of constants).
+
+``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
+(the differential check: tests/test_task_pipeline.py compiles programs both ways).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from .. import config
+
+
+def _walk(func_ir):
+    for block in func_ir.blocks.values():
+        yield from block.body
+
+
+def _values(func_ir):
+    """The right-hand sides of the IR's assignments."""
+    for stmt in _walk(func_ir):
+        value = getattr(stmt, "value", None)
+        if value is not None and type(stmt).__name__ == "Assign":
+            yield stmt, value
+
+
+def _has_with(state) -> bool:
+    return any(type(stmt).__name__ == "EnterWith" for stmt in _walk(state.func_ir))
+
+
+def _has_closure_like(state) -> bool:
+    from numba.stencils.stencil import StencilFunc
+
+    for _stmt, value in _values(state.func_ir):
+        op = getattr(value, "op", None)
+        if op in ("make_function", "build_list"):
+            return True
+        if type(value).__name__ in ("Global", "FreeVar"):
+            target = value.value
+            if isinstance(target, StencilFunc) or target is functools.reduce or \
+                    getattr(target, "__name__", None) == "reduce":
+                return True
+    return False
+
+
+def _has_make_function(state) -> bool:
+    return any(getattr(value, "op", None) == "make_function" for _stmt, value in _values(state.func_ir))
+
+
+def _has_array_or_string_literal(state) -> bool:
+    from numba.core import types
+
+    return any(isinstance(ty, (types.Array, types.StringLiteral)) for ty in state.typemap.values())
+
+
+def _fixup_scope(flavour: str, state) -> None:
+    module = importlib.import_module(f"{flavour}.ir_utils")
+    module.fixup_var_define_in_scope(state.func_ir.blocks)
+
+
+# pass name -> (trigger, what runs without it, or None)
+_GATES = {
+    "with_lifting": (_has_with, None),
+    "inline_closure_likes": (_has_closure_like, _fixup_scope),
+    "make_function_op_code_to_jit_function": (_has_make_function, None),
+    "nopython_rewrites": (_has_array_or_string_literal, None),
+}
+
+
+@functools.cache
+def _gated_pass(base, flavour: str):
+    """``base`` (a pass class of ``flavour``: numba.core or numba.cuda.core) run only when its
+    trigger is in the IR; registered with the flavour's pass registry under its own name."""
+    machinery = importlib.import_module(f"{flavour}.compiler_machinery")
+    info = machinery._pass_registry.get(base)
+
+    def run_pass(self, state):
+        trigger, otherwise = _GATES[base._name]
+        if trigger(state):
+            return base.run_pass(self, state)
+        if otherwise is not None:
+            otherwise(flavour, state)
+        return False
+
+    gated = type(f"Gated{base.__name__}", (base,), {"_name": f"qd_gated_{base._name}", "run_pass": run_pass,
+                                                    "__module__": __name__})
+    return machinery.register_pass(mutates_CFG=info.mutates_CFG, analysis_only=info.analysis_only)(gated)
+
+
+def gate(pass_manager, flavour: str):
+    """A copy of ``pass_manager`` (finalised) with the passes of :data:`_GATES` gated, unless
+    ``task_pipeline`` is ``"full"``."""
+    if config.current.task_pipeline == "full":
+        return pass_manager
+    gated = type(pass_manager)(pass_manager.pipeline_name)
+    for cls, description in pass_manager.passes:
+        if getattr(cls, "_name", None) in _GATES:
+            cls = _gated_pass(cls, flavour)
+        gated.add_pass(cls, description)
+    gated.finalize()
+    return gated

@@ -1,0 +1,170 @@
+"""The gated Numba pipeline of task functions (targets/task_pipeline.py): a kernel compiles to the
+same device code with the gated pipeline and with Numba's full one, and computes the same values;
+each gated pass runs exactly when its trigger is in the task's IR."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import numba
+import numpy as np
+import pytest
+
+import qd_numba as qd
+from qd_numba import config
+from qd_numba.targets import task_pipeline
+from qd_numba.targets.cuda.compile import numba_cuda_importable
+
+N = 24
+
+
+@numba.njit
+def njit_callee(v):
+    return v * v - 1.0
+
+
+@qd.func
+def smooth(v):
+    return qd.sqrt(v * v + 1.0)
+
+
+def _programs():
+    """Kernels over one field and one ndarray covering the task kinds and constructs whose passes
+    are gated: range-for and serial tasks, a reduction, nested loops with break/continue, a
+    static loop, vectors, njit and qd.func callees, an ndarray (array types: the rewrites run)."""
+    f = qd.field(qd.f32, shape=N)
+    g = qd.Vector.field(3, qd.f32, shape=N)
+
+    @qd.kernel
+    def fields_only(k: qd.f32) -> qd.f32:
+        for i in f:
+            f[i] = njit_callee(f[i]) * k + smooth(f[i])
+        for i in g:
+            v = qd.Vector([f[i], 2.0 * f[i], 3.0])
+            for j in qd.static(range(3)):
+                v[j] += j
+            g[i] = v / (v.norm() + 1.0)
+        total = 0.0
+        for i in f:
+            total += f[i] * g[i][1]
+        return total
+
+    @qd.kernel
+    def with_ndarray(a: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(N):
+            acc = 0.0
+            for j in range(N):
+                if j > i:
+                    break
+                if j % 3 == 1:
+                    continue
+                acc += a[j]
+            f[i] = acc
+        a[0] = f[N - 1] + 1.0
+
+    return f, g, fields_only, with_ndarray
+
+
+def _run(mode, rng):
+    saved = config.current.task_pipeline
+    config.current.task_pipeline = mode
+    try:
+        f, g, fields_only, with_ndarray = _programs()
+        x = rng.uniform(-1, 1, N).astype(np.float32)
+        a = rng.uniform(-1, 1, N).astype(np.float32)
+        f.from_numpy(x)
+        total = fields_only(1.5)
+        out = (f.to_numpy(), g.to_numpy(), total)
+        given = a.copy()
+        with_ndarray(a)     # writes a[0] (copied back)
+        return out + (f.to_numpy(), a), (x, given)
+    finally:
+        config.current.task_pipeline = saved
+
+
+def _reference(x, a):
+    f = (x * x - 1.0) * 1.5 + np.sqrt(x * x + 1.0)
+    v = np.stack([f, 2 * f, np.full_like(f, 3.0)], axis=1) + np.arange(3, dtype=np.float32)
+    g = v / (np.linalg.norm(v, axis=1, keepdims=True) + 1.0)
+    total = float(np.sum(f * g[:, 1]))
+    after = np.array([sum(a[j] for j in range(i + 1) if j % 3 != 1) for i in range(N)], np.float32)
+    a2 = a.copy()
+    a2[0] = after[-1] + 1.0
+    return f, g, total, after, a2
+
+
+def test_gated_and_full_pipelines_compute_the_same_values(rng, arch):
+    seed = int(rng.integers(1 << 30))
+    gated, inputs = _run("gated", np.random.default_rng(seed))
+    full, _ = _run("full", np.random.default_rng(seed))
+    for got_gated, got_full, want in zip(gated, full, _reference(*inputs)):
+        np.testing.assert_array_equal(got_gated, got_full)
+        np.testing.assert_allclose(got_gated, want, rtol=2e-5, atol=2e-5)
+
+
+def _ptx(mode):
+    from qd_numba.targets.cuda.plan import compile_check
+
+    saved = config.current.task_pipeline
+    config.current.task_pipeline = mode
+    try:
+        _f, _g, fields_only, with_ndarray = _programs()
+        texts = []
+        for kernel, params in ((fields_only, {"k": numba.types.float32}),
+                               (with_ndarray, {"a": numba.types.Array(numba.types.float32, 1, "C")})):
+            texts += [re.sub(r"\b_Z\w+", "ENTRY", c.ptx) for _unit, _task, c in compile_check(kernel, params, {})]
+        return texts
+    finally:
+        config.current.task_pipeline = saved
+
+
+@pytest.mark.skipif(not numba_cuda_importable(), reason="needs numba-cuda (the CUDA compile check)")
+def test_gated_and_full_pipelines_emit_the_same_ptx():
+    gated, full = _ptx("gated"), _ptx("full")
+    assert len(gated) == len(full) >= 5
+    assert gated == full
+
+
+def test_each_gated_pass_runs_when_its_trigger_is_there(monkeypatch, arch):
+    decided = collections.Counter()
+    for name, (trigger, otherwise) in list(task_pipeline._GATES.items()):
+        def counted(state, _trigger=trigger, _name=name):
+            fired = _trigger(state)
+            decided[_name, fired] += 1
+            return fired
+        monkeypatch.setitem(task_pipeline._GATES, name, (counted, otherwise))
+    f, _g, _fields_only, with_ndarray = _programs()
+
+    @qd.kernel
+    def scale(k: qd.f32):
+        for i in f:
+            f[i] = smooth(f[i]) * k
+
+    scale(2.0)          # no array, no string literal (a reduction has both): the rewrites are skipped
+    assert decided["nopython_rewrites", False] > 0 and decided["nopython_rewrites", True] == 0
+    decided.clear()
+    with_ndarray(np.zeros(N, np.float32))
+    assert decided["nopython_rewrites", True] > 0     # an array argument: the array rewrites run
+    assert decided["inline_closure_likes", True] == 0 and decided["inline_closure_likes", False] > 0
+
+
+def test_triggers_see_what_they_look_for():
+    from numba.core import ir, types
+
+    scope = ir.Scope(None, ir.Loc("x", 1))
+    loc = ir.Loc("x", 1)
+    block = ir.Block(scope, loc)
+    fn = ir.Expr.make_function("f", None, None, None, loc)
+    block.append(ir.Assign(fn, scope.redefine("$f", loc), loc))
+    state = collections.namedtuple("State", "func_ir typemap")(
+        collections.namedtuple("IR", "blocks")({0: block}), {"$f": types.float32})
+    assert task_pipeline._has_make_function(state) and task_pipeline._has_closure_like(state)
+    assert not task_pipeline._has_with(state) and not task_pipeline._has_array_or_string_literal(state)
+    state.typemap["$a"] = types.Array(types.float32, 1, "C")
+    assert task_pipeline._has_array_or_string_literal(state)
+
+
+def test_task_pipeline_option_is_checked():
+    with pytest.raises(qd.QuadrantsConfigError, match="task_pipeline"):
+        config.config_from_env(task_pipeline="fast")

@@ -2,7 +2,7 @@
 
 ``qd.ndarray`` and fields with a buffer of their own have ``__dlpack__``/``__dlpack_device__``,
 so ``torch.from_dlpack(x)`` (or ``numpy.from_dlpack``, cupy, jax) views their memory without a
-copy: host memory on the CPU arch, device memory of the process's device on CUDA.
+copy: host memory on the CPU arch, device memory of the process's device on CUDA and AMDGPU.
 :func:`export` builds the capsule (DLPack 1.0's ``"dltensor_versioned"`` for consumers that pass
 ``max_version``, else ``"dltensor"``): the consumer renames it once it owns the tensor and calls
 the deleter when its view dies; until then the array's buffer is kept alive here. A capsule

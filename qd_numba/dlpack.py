@@ -2,18 +2,19 @@
 
 ``qd.ndarray`` and fields with a buffer of their own have ``__dlpack__``/``__dlpack_device__``,
 so ``torch.from_dlpack(x)`` (or ``numpy.from_dlpack``, cupy, jax) views their memory without a
-copy: host memory on the CPU arch, device memory of the process's device on CUDA.
+copy: host memory on the CPU arch, device memory of the process's device on CUDA and AMDGPU.
 :func:`export` builds the capsule (DLPack 1.0's ``"dltensor_versioned"`` for consumers that pass
 ``max_version``, else ``"dltensor"``): the consumer renames it once it owns the tensor and calls
 the deleter when its view dies; until then the array's buffer is kept alive here. A capsule
 never consumed releases it when the capsule itself is freed.
 
-On CUDA, the capsule is made safe for the consumer's ``stream``: qd_numba launches on the legacy
-default stream, so a stream not ordered with it (a non-blocking one) waits for the work queued
-there (an event, no host wait); see docs/multi_gpu.md.
+The device type is the target's (``Target.dlpack_device_type``: kDLCUDA on CUDA, kDLROCM on
+AMDGPU). On a GPU, the capsule is made safe for the consumer's ``stream``: qd_numba launches on
+the default (null) stream, so a stream not ordered with it (a non-blocking one) waits for the
+work queued there (an event, no host wait); see docs/multi_gpu.md.
 
-The CUDA target's argument code (targets/cuda/arrays.py) consumes DLPack producers with the
-same structures.
+:func:`consume` is the other direction: the GPU targets' argument code (targets/cuda/arrays.py,
+targets/amdgpu/kernel.py) views a DLPack producer's memory with the same structures.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ DLManagedTensorVersioned._fields_ = [("major", ctypes.c_uint32), ("minor", ctype
                                      ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER_VERSIONED),
                                      ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
 
-CPU, CUDA, CUDA_MANAGED = 1, 2, 13                 # DLPack device types
+CPU, CUDA, ROCM, CUDA_MANAGED = 1, 2, 10, 13       # DLPack device types
 KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}           # DLPack type codes: int, uint, float, bool
 _CODES = {kind: code for code, kind in KINDS.items()}
 
@@ -132,11 +133,12 @@ def _buffer(data, stream=None, copy=None):
         host = np.array(host) if copy else host
         return (host.ctypes.data, shape, tuple(s // dtype.itemsize for s in host.strides), dtype, (CPU, 0), host)
     ptr, device_id, owner = on_device
+    device_type = target_for(config.current.arch).dlpack_device_type
     strides, step = [], 1
     for n in reversed(shape):   # a device buffer is C-contiguous (0-d: numba-cuda keeps one element)
         strides.append(step)
         step *= n
-    return ptr, shape, tuple(reversed(strides)), dtype, (CUDA, device_id), owner
+    return ptr, shape, tuple(reversed(strides)), dtype, (device_type, device_id), owner
 
 
 def device(data) -> tuple[int, int]:
@@ -154,3 +156,54 @@ def export(data, stream=None, max_version=None, dl_device=None, copy=None):
     ptr, shape, strides, dtype, where, owner = _buffer(data, stream, copy)
     versioned = max_version is not None and int(max_version[0]) >= 1
     return capsule(ptr, shape, strides, dtype, where, owner, versioned)
+
+
+# -- consuming: a DLPack producer's memory as a kernel argument ---------------------------------------
+
+class _Consumed:
+    """Holds a consumed DLPack tensor for as long as a view of it is in use, then calls its
+    deleter (the producer's storage stays alive until then)."""
+
+    def __init__(self, managed):
+        self.managed = managed
+
+    def __del__(self):
+        deleter = self.managed.contents.deleter
+        if deleter:
+            deleter(self.managed)
+
+
+_set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_SetName", ctypes.pythonapi))
+_pointer_of = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def consume(a, where: str, target: str, device_types: tuple[int, ...], device_id: int, stream: int, other_device):
+    """(data address, shape, byte strides, dtype, owner) of DLPack producer ``a``, a kernel
+    argument of a ``target`` kernel (its name in messages): zero-copy, the owner keeping the
+    producer's tensor alive. Its device type must be one of ``device_types``; on the first of
+    them its device id must be ``device_id`` (else ``other_device(where, theirs, ours)``, our
+    error). ``stream`` is what the producer is asked to order its pending work before (the
+    stream the target launches on, in DLPack's numbering for that device type)."""
+    from .lowering.device import c_strides
+
+    device_type, their_id = (int(v) for v in a.__dlpack_device__())
+    if device_type not in device_types:
+        raise QuadrantsTypeError(f"{where}: a DLPack array on device type {device_type} cannot be passed to a "
+                                 f"{target} kernel; move it to the GPU or pass a numpy array")
+    if device_type == device_types[0] and their_id != device_id:
+        raise other_device(where, their_id, device_id)
+    capsule = a.__dlpack__(stream=stream)
+    managed = ctypes.cast(_pointer_of(capsule, _NAME), ctypes.POINTER(DLManagedTensor))
+    _set_name(capsule, b"used_dltensor")  # we own it now: the capsule must not delete it
+    owner = _Consumed(managed)
+    t = managed.contents.dl_tensor
+    kind = KINDS.get(t.dtype.code)
+    if kind is None or t.dtype.lanes != 1:
+        raise QuadrantsTypeError(f"{where}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
+                                 f"{t.dtype.lanes} lanes)")
+    dt = np.dtype(f"{kind}{t.dtype.bits // 8}") if kind != "b" else np.dtype(np.bool_)
+    shape = tuple(t.shape[k] for k in range(t.ndim))
+    strides = tuple(t.strides[k] * dt.itemsize for k in range(t.ndim)) if t.strides else \
+        tuple(c_strides(shape, dt.itemsize))
+    return int(t.data or 0) + int(t.byte_offset), shape, strides, dt, owner

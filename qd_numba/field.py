@@ -294,7 +294,7 @@ class ArrayData:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule viewing this array's memory without a copy (``torch.from_dlpack(x)``):
-        host memory on the CPU, device memory on CUDA (dlpack.py; docs/multi_gpu.md)."""
+        host memory on the CPU, device memory on CUDA and AMDGPU (dlpack.py; docs/multi_gpu.md)."""
         from . import dlpack
 
         self.claim()

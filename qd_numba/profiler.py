@@ -1,7 +1,7 @@
 """``qd.profiler``: the kernel profiler, compile-time records, and qd_numba's log output.
 
 Kernel profiler (``qd.init(kernel_profiler=True)``; Quadrants' API). Whether a kernel is timed
-is settled when its instance (CPU) or launch plan (CUDA) is built — ``qd.init`` drops both — so
+is settled when its instance (CPU) or launch plan (CUDA, AMDGPU) is built — ``qd.init`` drops both — so
 the call path of an unprofiled kernel is exactly the one without a profiler: no flag is read
 per call.
 
@@ -16,6 +16,9 @@ per call.
   and after every task. Events are read lazily — when information is asked for, or when many
   calls are pending — so launches stay asynchronous; a kernel's time is the device time from
   its first task's start to its last task's end.
+- AMDGPU: the same, through HIP's timing events (hipEventRecord on the launch stream around
+  each task's hipModuleLaunchKernel, read with hipEventElapsedTime): :class:`GpuLaunchTimer`
+  and :class:`GpuEventPool` serve both GPUs.
 
 Records: statistics (count, total, min, max) per kernel and per task, kept for every call, and
 the most recent :data:`MAX_TRACE_RECORDS` individual records for ``print_kernel_profiler_info
@@ -111,7 +114,7 @@ now_ns = _now_ns if CLOCK_MONOTONIC is not None else time.perf_counter_ns
 # -- records -------------------------------------------------------------------------------------------
 
 MAX_TRACE_RECORDS = 200_000   # individual records kept for 'trace' and the Chrome trace (the latest)
-MAX_PENDING_GPU_CALLS = 1024  # profiled CUDA calls whose events wait to be read before a forced read
+MAX_PENDING_GPU_CALLS = 1024  # profiled GPU calls whose events wait to be read before a forced read
 
 
 @dataclasses.dataclass
@@ -166,7 +169,7 @@ class ProfileRecord:
     name: str
     kind: str        # "kernel" or "task"
     kernel: str
-    device: str      # "cpu" or "cuda"
+    device: str      # "cpu", "cuda" or "amdgpu"
     start_ns: int
     duration_ns: int
 
@@ -179,7 +182,7 @@ class KernelProfiler:
         self._stats: dict[str, StatisticalResult] = {}
         self._trace: collections.deque = collections.deque(maxlen=MAX_TRACE_RECORDS)
         self._pending_gpu: list = []
-        self.events = _CudaEventPool()
+        self.events = GpuEventPool(_CudaDriverEvents())   # CUDA's (AMDGPU's: its runtime's)
 
     # -- recording ---------------------------------------------------------------------------
     def _stat(self, name, kind, kernel):
@@ -206,8 +209,8 @@ class KernelProfiler:
                 counter[:] = 0
         self.record(kernel, "cpu", start_ns, end_ns - start_ns, tasks)
 
-    def launched_on_gpu(self, timer: CudaLaunchTimer, events: np.ndarray, launched: np.ndarray) -> None:
-        """A profiled CUDA call was launched: read its events later (now, if many wait)."""
+    def launched_on_gpu(self, timer: GpuLaunchTimer, events: np.ndarray, launched: np.ndarray) -> None:
+        """A profiled GPU call was launched: read its events later (now, if many wait)."""
         with self._lock:
             self._pending_gpu.append((timer, events, launched))
             full = len(self._pending_gpu) >= MAX_PENDING_GPU_CALLS
@@ -216,17 +219,17 @@ class KernelProfiler:
 
     @property
     def pending_gpu_calls(self) -> int:
-        """Profiled CUDA calls whose events have not been read yet."""
+        """Profiled GPU calls whose events have not been read yet."""
         return len(self._pending_gpu)
 
     # -- reading -------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Read the CUDA events of profiled calls launched since the last read (waits for them)."""
+        """Read the GPU events of profiled calls launched since the last read (waits for them)."""
         with self._lock:
             pending, self._pending_gpu = self._pending_gpu, []
         for timer, events, launched in pending:
-            self.record(timer.kernel, "cuda", *self.events.read(events, launched, timer.task_names))
-            self.events.release(events)
+            self.record(timer.kernel, timer.device, *timer.pool.read(events, launched, timer.task_names))
+            timer.pool.release(events)
 
     def statistics(self) -> dict[str, StatisticalResult]:
         self.flush()
@@ -279,7 +282,7 @@ def counter_at(address: int) -> np.ndarray:
     return np.frombuffer((ctypes.c_int64 * TASK_COUNTER_WORDS).from_address(address), np.int64)
 
 
-# -- CUDA: events around every task -----------------------------------------------------------------------
+# -- GPUs: events around every task -----------------------------------------------------------------------
 
 def _check(result, what: str):
     """The value of a ``cuda.bindings`` driver call, or QuadrantsRuntimeError naming the call."""
@@ -289,14 +292,47 @@ def _check(result, what: str):
     return values[0] if values else None
 
 
-class _CudaEventPool:
-    """CUDA events for profiled launches, reused once read; and the time base that maps event
-    times onto the host's monotonic clock (an event recorded at a known host time)."""
+class _CudaDriverEvents:
+    """The CUDA driver's timing events (``cuda.bindings``) as :class:`GpuEventPool` uses them:
+    int handles, recorded on the legacy default stream."""
 
     def __init__(self):
+        self._objects: dict[int, object] = {}
+
+    def timing_event_create(self) -> int:
+        from cuda.bindings import driver
+
+        event = _check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        self._objects[int(event)] = event
+        return int(event)
+
+    def event_record(self, event: int, stream: int) -> None:
+        from cuda.bindings import driver
+
+        _check(driver.cuEventRecord(self._objects[event], stream), "cuEventRecord")
+
+    def event_synchronize(self, event: int) -> None:
+        from cuda.bindings import driver
+
+        _check(driver.cuEventSynchronize(self._objects[event]), "cuEventSynchronize")
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        from cuda.bindings import driver
+
+        return _check(driver.cuEventElapsedTime(self._objects[start], self._objects[end]), "cuEventElapsedTime")
+
+
+class GpuEventPool:
+    """Timing events of one GPU for profiled launches, reused once read; and the time base that
+    maps event times onto the host's monotonic clock (an event recorded at a known host time).
+    ``api`` is the GPU's: ``timing_event_create() -> handle`` (an int; timing enabled),
+    ``event_record(event, stream)``, ``event_synchronize(event)``, ``event_elapsed_ms(start,
+    end)`` (CUDA: :class:`_CudaDriverEvents`; AMDGPU: targets/amdgpu/runtime.py ``HipRuntime``)."""
+
+    def __init__(self, api):
+        self.api = api
         self._lock = threading.Lock()
         self._free: list[int] = []
-        self._objects: dict[int, object] = {}
         self._anchor = None          # (event, host ns when it completed)
 
     def take(self, n: int) -> np.ndarray:
@@ -304,16 +340,13 @@ class _CudaEventPool:
             return self._take(n)
 
     def _take(self, n: int) -> np.ndarray:
-        from cuda.bindings import driver
-
+        api = self.api
         while len(self._free) < n:
-            event = _check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
-            self._objects[int(event)] = event
-            self._free.append(int(event))
+            self._free.append(api.timing_event_create())
         if self._anchor is None:
-            anchor = _check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
-            _check(driver.cuEventRecord(anchor, 0), "cuEventRecord")
-            _check(driver.cuEventSynchronize(anchor), "cuEventSynchronize")
+            anchor = api.timing_event_create()
+            api.event_record(anchor, 0)
+            api.event_synchronize(anchor)
             self._anchor = (anchor, now_ns())
         taken, self._free = self._free[-n:], self._free[:-n]
         return np.array(taken, np.int64)
@@ -325,23 +358,21 @@ class _CudaEventPool:
     def read(self, events, launched, task_names):
         """(start ns, kernel ns, [(task name, start ns, ns)]) of one call: its events were
         recorded around each task, start and end, in order (launched: grid > 0 per task)."""
-        from cuda.bindings import driver
-
-        objects = self._objects
-        _check(driver.cuEventSynchronize(objects[int(events[-1])]), "cuEventSynchronize")
+        api = self.api
+        api.event_synchronize(int(events[-1]))
         anchor, anchor_ns = self._anchor
 
         def ns_between(a, b):
-            return int(_check(driver.cuEventElapsedTime(a, b), "cuEventElapsedTime") * 1e6)
+            return int(api.event_elapsed_ms(a, b) * 1e6)
 
         # the call's start from the process-wide anchor; every other time from the call's first
         # event: small offsets keep the float milliseconds precise, and equal events give equal
         # times, so a task's interval lies inside its call's
-        first = objects[int(events[0])]
+        first = int(events[0])
         start = anchor_ns + ns_between(anchor, first)
 
         def at(k):
-            return start + ns_between(first, objects[int(events[k])])
+            return start + ns_between(first, int(events[k]))
 
         tasks = []
         for k, name in enumerate(task_names):
@@ -351,30 +382,50 @@ class _CudaEventPool:
         return start, at(len(events) - 1) - start, tasks
 
 
-class CudaLaunchTimer:
-    """The launch of one profiled CUDA plan: ``launch(packed) -> status`` runs ``launch_timed
-    (packed, events)`` (targets/cuda/runtime.py; both by address), which records an event before
-    and after each task,
-    and queues the events for a lazy read. ``grids`` is the plan's view of its tasks' grids."""
+class GpuLaunchTimer:
+    """The launch of one profiled GPU plan: ``launch(packed) -> status`` runs ``launch_timed
+    (packed, events)``, which records timing event ``events[2k]`` before task k and
+    ``events[2k + 1]`` after it on the launch stream (also around a task that does not launch)
+    and returns a negative status when every task launched (else the failed one's: the caller
+    raises); the events are queued for a lazy read. ``grids`` is the plan's view of its tasks'
+    grids in that launch (0: not launched), ``pool`` the GPU's :class:`GpuEventPool`, ``device``
+    the name its records carry."""
 
-    def __init__(self, kernel: str, task_names, launch_timed, grids):
+    def __init__(self, kernel: str, task_names, launch_timed, grids, pool: GpuEventPool, device: str):
         self.kernel = kernel
         self.task_names = list(task_names)
         self.launch_timed = launch_timed
         self.grids = grids
+        self.pool = pool
+        self.device = device
 
     def launch(self, packed) -> int:
         if not self.task_names:   # a kernel with no work launches nothing
-            kernel_profiler.record(self.kernel, "cuda", now_ns(), 0, [])
-            return self.launch_timed(packed, 0)
-        pool = kernel_profiler.events
+            kernel_profiler.record(self.kernel, self.device, now_ns(), 0, [])
+            return self.launch_timed(packed, None)
+        pool = self.pool
         events = pool.take(2 * len(self.task_names))
-        status = self.launch_timed(packed, events.ctypes.data)
+        try:
+            status = self.launch_timed(packed, events)
+        except BaseException:
+            pool.release(events)
+            raise
         if status >= 0:   # a failed launch: the caller raises; nothing to read
             pool.release(events)
         else:
             kernel_profiler.launched_on_gpu(self, events, self.grids > 0)
         return status
+
+
+class CudaLaunchTimer(GpuLaunchTimer):
+    """A profiled CUDA plan's :class:`GpuLaunchTimer`: ``launch_timed(packed, events)`` takes
+    both by address (targets/cuda/runtime.py's native launch loop)."""
+
+    def __init__(self, kernel: str, task_names, launch_timed, grids):
+        def by_address(packed, events):
+            return launch_timed(packed, 0 if events is None else events.ctypes.data)
+
+        super().__init__(kernel, task_names, by_address, grids, kernel_profiler.events, "cuda")
 
 
 kernel_profiler = KernelProfiler()
@@ -649,12 +700,16 @@ clear_scoped_profiler_info = clear_compile_info
 # -- Chrome trace -----------------------------------------------------------------------------------------
 
 
+_TRACE_THREADS = {"cpu": 0, "cuda": 1, "amdgpu": 2}
+
+
 def export_chrome_trace(path: str | os.PathLike) -> None:
     """Write the recorded kernel calls, tasks and compiles as a Chrome trace (JSON; opens in
-    Perfetto or chrome://tracing). Host work is thread 0, CUDA device time thread 1."""
+    Perfetto or chrome://tracing). Host work is thread 0, CUDA device time thread 1, AMDGPU
+    device time thread 2."""
     pid = os.getpid()
     events = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}}
-              for tid, label in ((0, "host"), (1, "cuda device"))]
+              for tid, label in ((0, "host"), (1, "cuda device"), (2, "amdgpu device"))]
     with _compile_lock:
         compiles = list(_compile_records)
     for r in compiles:
@@ -662,7 +717,7 @@ def export_chrome_trace(path: str | os.PathLike) -> None:
                        "ts": r.start_ns / 1000, "dur": r.seconds * 1e6,
                        "args": {"target": r.target, **{k: round(v, 6) for k, v in r.stages.items()}}})
     for r in kernel_profiler.records():
-        events.append({"name": r.name, "cat": r.kind, "ph": "X", "pid": pid, "tid": 1 if r.device == "cuda" else 0,
+        events.append({"name": r.name, "cat": r.kind, "ph": "X", "pid": pid, "tid": _TRACE_THREADS[r.device],
                        "ts": r.start_ns / 1000, "dur": r.duration_ns / 1000, "args": {"kernel": r.kernel}})
     with open(path, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)

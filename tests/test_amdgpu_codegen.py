@@ -283,6 +283,9 @@ class _FakeHip:
         self.calls = []             # ("launch", entry, stream) and the stream/event calls, in order
         self.flags = {}             # stream handle -> its creation flags
         self.handles = iter(range(0x1000, 0x2000))
+        self.timing = set()         # events made by hipEventCreate (timing enabled)
+        self.stamps = iter(())      # the device times (ms) timing events get, in record order
+        self.stamped = {}           # timing event -> its time at its last record
 
     def hipStreamCreate(self):
         handle = next(self.handles)
@@ -304,9 +307,20 @@ class _FakeHip:
         self.calls.append(("hipEventCreate", handle))
         return (0, handle)
 
+    def hipEventCreate(self):
+        handle = next(self.handles)
+        self.timing.add(handle)
+        self.calls.append(("hipEventCreate", handle))
+        return (0, handle)
+
     def hipEventRecord(self, event, stream):
         self.calls.append(("hipEventRecord", event, stream or 0))
+        if event in self.timing:
+            self.stamped[event] = next(self.stamps)
         return (0,)
+
+    def hipEventElapsedTime(self, start, end):
+        return (0, self.stamped[end] - self.stamped[start])
 
     def hipStreamWaitEvent(self, stream, event, flags):
         self.calls.append(("hipStreamWaitEvent", stream or 0, event))
@@ -353,6 +367,11 @@ class _FakeHip:
 
     def hipMemcpyHtoD(self, dst, src, nbytes):
         ctypes.memmove(dst, np.ascontiguousarray(src).ctypes.data, nbytes)
+        return (0,)
+
+    def hipMemcpyDtoD(self, dst, src, nbytes):
+        self.calls.append(("hipMemcpyDtoD", dst, src, nbytes))
+        ctypes.memmove(dst, src, nbytes)
         return (0,)
 
     def hipMemcpyDtoH(self, dst, src, nbytes):
@@ -701,3 +720,200 @@ def test_offline_cache_of_code_objects(fake_hip, monkeypatch, tmp_path, rng):
     toolchain = Toolchain.current()
     assert toolchain.cache_target("gfx942") != toolchain.cache_target("gfx90a")
     assert toolchain.cache_target("gfx942").startswith("amdgpu-gfx942-llvm")
+
+
+# -- DLPack and the kernel profiler on qd.amdgpu (over the stand-in) ------------------------------------
+
+_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _dl_tensor(capsule, versioned=False):
+    """The DLTensor of an exported capsule (not consumed: valid while the capsule lives)."""
+    from qd_numba import dlpack
+
+    managed = dlpack.DLManagedTensorVersioned if versioned else dlpack.DLManagedTensor
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    return ctypes.cast(_get_pointer(capsule, name), ctypes.POINTER(managed)).contents.dl_tensor
+
+
+def _described(t):
+    """(data, (device type, id), shape, strides, (type code, bits, lanes)) of a DLTensor."""
+    return (t.data, (t.device.device_type, t.device.device_id), tuple(t.shape[k] for k in range(t.ndim)),
+            tuple(t.strides[k] for k in range(t.ndim)), (t.dtype.code, t.dtype.bits, t.dtype.lanes))
+
+
+def test_dlpack_export_of_hip_memory(on_fake_amdgpu, rng):
+    """qd.ndarray and field exports on qd.amdgpu: DLPack device type kDLROCM (10) with the HIP
+    device id and the HipArray's address (zero-copy), shape and strides in elements; ordered for
+    the consumer's stream by DLPack's ROCm rules (None/0/-1 and a blocking stream: no call; a
+    non-blocking one waits on the null stream through an event; CUDA's 1 refused); copy=True a
+    device-to-device copy; a dl_device other than (10, 0) our error."""
+    fake = on_fake_amdgpu
+    host = rng.random((5, 7)).astype(np.float32)
+    x = qd.ndarray(qd.f32, (5, 7))
+    x.from_numpy(host)
+    f = qd.field(qd.f64, shape=6)
+    fh = rng.random(6)
+    f.from_numpy(fh)
+    assert x.__dlpack_device__() == (10, 0) and f.__dlpack_device__() == (10, 0)
+    mark = len(fake.calls)
+    for stream in (None, 0, -1):
+        capsule = x.__dlpack__(stream=stream)
+        t = _dl_tensor(capsule)
+        assert _described(t) == (x._dev.address, (10, 0), (5, 7), (7, 1), (2, 32, 1))
+    with qd.create_stream() as s:
+        x.__dlpack__(stream=s.handle)
+    capsule = f.__dlpack__(max_version=(1, 0))
+    t = _dl_tensor(capsule, versioned=True)
+    assert _described(t) == (f._dev.address, (10, 0), (6,), (1,), (2, 64, 1))
+    assert _since(fake, mark, ("hipEventRecord", "hipStreamWaitEvent", "hipMemcpyDtoD")) == []
+    np.testing.assert_array_equal(np.ctypeslib.as_array((ctypes.c_float * 35).from_address(x._dev.address)),
+                                  host.reshape(-1))
+    foreign = fake.hipStreamCreateWithFlags(fake.hipStreamNonBlocking)[1]
+    mark = len(fake.calls)
+    x.__dlpack__(stream=foreign)
+    (record, wait) = _since(fake, mark)
+    assert record == ("hipEventRecord", record[1], 0) and wait == ("hipStreamWaitEvent", foreign, record[1])
+    with pytest.raises(qd.QuadrantsTypeError, match="stream 1 is not a ROCm stream"):
+        x.__dlpack__(stream=1)
+    mark = len(fake.calls)
+    copied = x.__dlpack__(copy=True)
+    t = _dl_tensor(copied)
+    assert t.data != x._dev.address and _described(t)[1:] == ((10, 0), (5, 7), (7, 1), (2, 32, 1))
+    assert _since(fake, mark, ("hipMemcpyDtoD",)) == [("hipMemcpyDtoD", t.data, x._dev.address, host.nbytes)]
+    np.testing.assert_array_equal(np.ctypeslib.as_array((ctypes.c_float * 35).from_address(t.data)),
+                                  host.reshape(-1))
+    with pytest.raises(qd.QuadrantsTypeError, match=r"is on DLPack device \(10, 0\), not \(2, 0\)"):
+        x.__dlpack__(dl_device=(2, 0))
+    assert x.__dlpack__(dl_device=(10, 0)) is not None
+
+
+class _RocmProducer:
+    """A DLPack producer of HIP memory (torch on ROCm, cupy, jax) made with qd_numba.dlpack's own
+    structures: a C-ordered (rows, cols) float32 array of random data, exported as it is or
+    transposed; it notes the streams it is asked for and when the consumer releases a tensor."""
+
+    class Storage:
+        pass
+
+    def __init__(self, fake, data, device=(10, 0), transposed=False):
+        self.data, self.device, self.transposed = data, device, transposed
+        self.address = fake.hipMalloc(data.nbytes)[1]
+        ctypes.memmove(self.address, data.ctypes.data, data.nbytes)
+        self.streams, self.released = [], []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None):
+        import weakref
+
+        from qd_numba import dlpack
+
+        self.streams.append(stream)
+        storage = self.Storage()
+        weakref.finalize(storage, self.released.append, True)
+        rows, cols = self.data.shape
+        shape, strides = ((cols, rows), (1, cols)) if self.transposed else ((rows, cols), (cols, 1))
+        return dlpack.capsule(self.address, shape, strides, self.data.dtype, self.device, storage)
+
+
+@qd.kernel
+def _shift(x: qd.types.ndarray(dtype=qd.f32, ndim=2), d: qd.f32):
+    for i, j in qd.ndrange(x.shape[0], x.shape[1]):
+        x[i, j] += d
+
+
+def test_dlpack_import_of_rocm_arrays(on_fake_amdgpu, rng, monkeypatch):
+    """A ROCm DLPack producer as a kernel argument on qd.amdgpu: viewed zero-copy (the launch's
+    cells hold its address, shape and byte strides; a transposed one is strided), asked for
+    ROCm's default stream (0), its tensor kept alive until the launch and released after it;
+    another device type or device id is our error naming the argument, and nothing is consumed."""
+    import gc
+
+    fake = on_fake_amdgpu
+    released_at_launch = []
+    launch = fake.hipModuleLaunchKernel
+
+    def noting(*args):
+        released_at_launch.append(list(producer.released))
+        return launch(*args)
+
+    monkeypatch.setattr(fake, "hipModuleLaunchKernel", noting)
+    for transposed in (False, True):
+        data = rng.random((6, 9)).astype(np.float32)
+        producer = _RocmProducer(fake, data, transposed=transposed)
+        _shift(producer, 0.5)
+        gc.collect()
+        assert producer.streams == [0] and released_at_launch[-1] == [] and producer.released == [True]
+        entry = fake.launches[-1][0]
+        (plan,) = [p for p in _shift.backend().plans.values() if p.launches[0].binary.entry_name == entry]
+        words = [value for name, value in _cell_values(plan.launches[0].binary, fake.launches[-1][3]) if name == "x"]
+        shape, strides = ((9, 6), (4, 36)) if transposed else ((6, 9), (36, 4))
+        assert words == [0, 0, 54, 4, producer.address, *shape, *strides]
+    assert len(_shift.backend().plans) == 2     # contiguous ("C") and strided ("A") views
+    for device, message in (((2, 0), "argument 'x': a DLPack array on device type 2 cannot be passed to a "
+                                     "qd.amdgpu kernel"),
+                            ((10, 3), "argument 'x': the array is on ROCm device 3, but qd_numba runs on device 0")):
+        producer = _RocmProducer(fake, rng.random((2, 2)).astype(np.float32), device=device)
+        with pytest.raises(qd.QuadrantsTypeError, match=re.escape(message)):
+            _shift(producer, 1.0)
+        assert producer.streams == []
+    with pytest.raises(qd.QuadrantsTypeError, match="argument 'x': got the field"):
+        _shift(qd.field(qd.f32, shape=(2, 2)), 1.0)
+
+
+@qd.kernel
+def _two_loops(x: F32_1D, n: qd.i32):
+    for i in range(x.shape[0]):
+        x[i] *= 2.0
+    for i in range(n):
+        x[i] += 1.0
+
+
+def test_kernel_profiler_times_tasks_with_hip_events(on_fake_amdgpu, rng, capsys):
+    """qd.init(kernel_profiler=True) on qd.amdgpu: each task's hipModuleLaunchKernel sits between
+    two timing events (hipEventCreate, recorded on the launch stream; a task with no iterations
+    too), read lazily with hipEventElapsedTime: the kernel's and each task's times are the
+    stand-in's device times, through qd.profiler's per-task records."""
+    fake = on_fake_amdgpu
+    qd.init(arch=qd.amdgpu, kernel_profiler=True)
+    x = qd.ndarray(qd.f32, 100)
+    x.from_numpy(rng.random(100).astype(np.float32))
+    stamps = np.cumsum(rng.uniform(0.01, 3.0, 1 + 4 * 3))     # the anchor, then 4 events per call
+    fake.stamps = iter(stamps.tolist())
+    mark = len(fake.calls)
+    _two_loops(x, 50)
+    tasks = _two_loops.tasks(x, 50)
+    first, second = (t.name for t in tasks)
+    (plan,) = _two_loops.backend().plans.values()
+    entries = [launch.binary.entry_name for launch in plan.launches]
+    recorded = _since(fake, mark, ("launch", "hipEventRecord"))
+    anchor, *events = [c[1] for c in recorded if c[0] == "hipEventRecord"]
+    assert {anchor, *events} <= fake.timing and len(set(events)) == 4
+    assert recorded[1:] == [("hipEventRecord", events[0], 0), ("launch", entries[0], 0),
+                            ("hipEventRecord", events[1], 0), ("hipEventRecord", events[2], 0),
+                            ("launch", entries[1], 0), ("hipEventRecord", events[3], 0)]
+    with qd.create_stream() as s:
+        mark = len(fake.calls)
+        _two_loops(x, 0, qd_stream=s)                   # the second loop does not launch
+        assert [c[0] for c in _since(fake, mark, ("launch", "hipEventRecord"))] == \
+            ["hipEventRecord", "launch", "hipEventRecord", "hipEventRecord", "hipEventRecord"]
+        assert {c[2] for c in _since(fake, mark)} == {s.handle}
+    _two_loops(x, 100)
+    assert qd.profiler.kernel_profiler.pending_gpu_calls == 3
+    calls = stamps[1:].reshape(3, 4)
+    kernel_ms, first_ms, second_ms = calls[:, 3] - calls[:, 0], calls[:, 1] - calls[:, 0], calls[:, 3] - calls[:, 2]
+    for name, want in (("_two_loops", kernel_ms), (first, first_ms), (second, second_ms[[0, 2]])):
+        got = qd.profiler.query_kernel_profiler_info(name)
+        assert got.counter == len(want)
+        assert (got.min, got.max, got.total) == pytest.approx((want.min(), want.max(), want.sum()), abs=1e-5)
+    assert qd.profiler.kernel_profiler.pending_gpu_calls == 0
+    records = qd.profiler.kernel_profiler.records()
+    assert {r.device for r in records} == {"amdgpu"}
+    starts = [r.start_ns for r in records if r.kind == "kernel"]
+    assert np.diff(starts) == pytest.approx(np.diff(calls[:, 0]) * 1e6, abs=2)
+    qd.profiler.print_kernel_profiler_info()
+    out = capsys.readouterr().out
+    assert "Kernel Profiler(count) @ AMDGPU" in out and first in out and second in out

@@ -205,3 +205,72 @@ def test_gradient_through_an_adstack(rng):
             v = np.sin(v) * 1.01
         assert loss[None] == pytest.approx(v.sum(), rel=1e-12)
         np.testing.assert_allclose(x.grad.to_numpy(), grad, rtol=1e-10)
+
+
+def test_kernel_profiler_times_every_task(rng):
+    qd.init(arch=qd.amdgpu, kernel_profiler=True)
+    try:
+        total = qd.field(qd.f64, shape=())
+
+        @qd.kernel
+        def sum_squares(a: qd.types.ndarray(dtype=qd.f64, ndim=1), n: qd.i32):
+            total[None] = 0.0
+            for i in range(n):
+                total[None] += a[i] * a[i]
+
+        a = rng.uniform(-1, 1, 100_000)
+        for _ in range(3):
+            sum_squares(a, a.shape[0])
+        assert total[None] == pytest.approx(float(np.sum(a * a)), rel=1e-9)
+        sum_squares(a, 0)                                   # the loop does not launch
+        serial, loop = sum_squares.tasks(a, 0)
+        assert qd.profiler.query_kernel_profiler_info("sum_squares").counter == 4
+        assert qd.profiler.query_kernel_profiler_info(serial.name).counter == 4
+        assert qd.profiler.query_kernel_profiler_info(loop.name).counter == 3
+        records = qd.profiler.kernel_profiler.records()
+        calls = [r for r in records if r.kind == "kernel"]
+        loops = [r for r in records if r.name == loop.name]
+        assert {r.device for r in records} == {"amdgpu"} and len(calls) == 4
+        for call, timed in zip(calls, loops):
+            assert call.start_ns <= timed.start_ns and timed.duration_ns <= call.duration_ns
+    finally:
+        qd.init(arch=qd.amdgpu)
+
+
+def test_dlpack_with_torch_on_rocm(rng):
+    torch = pytest.importorskip("torch")
+    if torch.version.hip is None or not torch.cuda.is_available():
+        pytest.skip("needs torch built for ROCm with a visible GPU")
+
+    @qd.kernel
+    def scale_add(y: qd.types.ndarray(dtype=qd.f32, ndim=2), x: qd.types.ndarray(dtype=qd.f32, ndim=2), a: qd.f32):
+        for i, j in qd.ndrange(y.shape[0], y.shape[1]):
+            y[i, j] += a * x[i, j]
+
+    x0, y0 = rng.uniform(-1, 1, (2, 9, 13)).astype(np.float32)
+    x, y = qd.ndarray(qd.f32, (9, 13)), qd.ndarray(qd.f32, (9, 13))
+    x.from_numpy(x0)
+    y.from_numpy(y0)
+    assert x.__dlpack_device__() == (10, 0)
+    ty = torch.from_dlpack(y)                               # a view of y's HIP memory
+    scale_add(y, x, 0.5)
+    np.testing.assert_allclose(ty.cpu().numpy(), y0 + np.float32(0.5) * x0, rtol=1e-6)
+    tx = torch.from_dlpack(x.__dlpack__(copy=True))         # a copy: x stays as it is
+    tx.mul_(2.0)
+    np.testing.assert_array_equal(x.to_numpy(), x0)
+    t = torch.from_numpy(y0.T.copy()).cuda().T                # a strided ROCm tensor, through DLPack only
+    scale_add(_DLPackOnly(t), x, 1.0)
+    np.testing.assert_allclose(t.cpu().numpy(), y0 + x0, rtol=1e-6)
+
+
+class _DLPackOnly:
+    """An array that exposes its memory through DLPack only (no __cuda_array_interface__)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()

@@ -68,6 +68,7 @@ class Target:
 
     arch: str
     codegen_stages: tuple = ()      # what it does after the shared untyped pipeline (for QD_DUMP_IR)
+    dlpack_device_type: int = 1     # DLPack's device type of what dlpack_buffer gives (1: kDLCPU)
 
     def kernel_backend(self, kernel) -> KernelBackend:
         raise NotImplementedError

@@ -12,8 +12,12 @@ fork and join over the runtime's pool of non-blocking streams as on CUDA (the pr
 targets/cuda/stream_pool.py ``launch_program``, its events recorded through HIP).
 
 Arguments: scalars, ndarrays (numpy: copied to the device and back; ``qd.ndarray``: in place;
-objects with ``__cuda_array_interface__`` holding HIP memory: in place), vectors, matrices and
-structs (checked as on CUDA, one cell per element in the data model's order) and template values.
+objects with ``__cuda_array_interface__`` holding HIP memory, then DLPack producers on ROCm
+(device type kDLROCM: torch on ROCm, cupy, jax): in place), vectors, matrices and structs
+(checked as on CUDA, one cell per element in the data model's order) and template values.
+
+With ``qd.init(kernel_profiler=True)`` a plan launches its tasks in order between HIP timing
+events (profiler.py ``GpuLaunchTimer``, the CUDA target's timer over HIP's events).
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import numba
 import numpy as np
 from numba.core import types
 
-from ... import adstack, config, offline_cache, profiler
+from ... import adstack, config, dlpack, offline_cache, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
-from ...field import Ndarray, next_generation, written_by
-from ...frontend.args import template_key
+from ...field import Field, Ndarray, next_generation, written_by
+from ...frontend.args import field_for_ndarray_message, template_key
 from ...frontend.diagnostics import compile_error
 from ...generated_code import exec_generated
+from ...lowering.device import c_strides
 from ...lowering.raising import raise_recorded
 from ..base import KernelBackend, Target
 from ..untyped import gc_paused
@@ -41,6 +46,7 @@ from .runtime import HipArray, HipRuntime, ensure_device, missing
 class AmdgpuTarget(Target):
     arch = "amdgpu"
     codegen_stages = CODEGEN_STAGES
+    dlpack_device_type = dlpack.ROCM
 
     def kernel_backend(self, kernel) -> AmdgpuKernel:
         return AmdgpuKernel(kernel)
@@ -50,6 +56,25 @@ class AmdgpuTarget(Target):
 
     def synchronize(self) -> None:
         HipRuntime.get().synchronize()
+
+    def dlpack_buffer(self, data, stream, copy):
+        """The HIP buffer of ``data`` (a copy when ``copy``), ordered before the consumer's
+        ``stream`` in DLPack's ROCm numbering: None and 0 are the null stream, where kernels and
+        copies run (nothing to do), -1 asks for no ordering, a non-blocking stream waits for the
+        null stream's work (an event, no host wait); 1 and 2 are CUDA's, not ROCm's."""
+        dev = data._dev
+        if dev is None:
+            return None
+        if stream in (1, 2):
+            raise QuadrantsTypeError(f"DLPack export of {data._describe()}: stream {stream} is not a ROCm stream "
+                                     "(DLPack on ROCm: None or 0 for the default stream, -1 for none, else a "
+                                     "hipStream_t)")
+        rt = HipRuntime.get()
+        if copy:
+            dev = dev.copy()
+        if stream not in (None, 0, -1) and rt.stream_nonblocking(int(stream)):
+            rt.fence(0, int(stream))
+        return dev.address, rt.device_id, dev
 
     def open(self, cfg=None) -> None:
         lacking = missing()
@@ -97,6 +122,7 @@ class AmdgpuPlan:
                 if name not in self.cells:
                     self.cells[name] = [_CTYPES[fmt]() for arg, fmt in t.slots if arg == name]
         self.launches, range_index = [], 0
+        self.grids = np.zeros(len(binary.tasks), np.int64)     # of the last launch (0: not launched)
         for t, (module, fn) in zip(binary.tasks, functions):
             order = [cuda_tasks.PARAM_CTX, cuda_tasks.PARAM_TMP, *t.runtime_args]
             ptrs = [ctypes.addressof(cell) for name in order for cell in self.cells[name]]
@@ -118,9 +144,14 @@ class AmdgpuPlan:
         # what a launch writes gets a new write generation (field.py; adstack sizes are cached on them)
         self.written, self.written_args = written, tuple(runtime_positions[r] for r in written_args)
         self.program = self.pool = self.events = None
+        # qd.init(kernel_profiler=True): timing events around each task (profiler.py)
+        self.timer = profiler.GpuLaunchTimer(kernel.qualname, [t.name for t in self.tasks], self._launch_timed,
+                                             self.grids, rt.timing_events(), "amdgpu") \
+            if config.current.kernel_profiler else None
         groups = [t.task.stream_group for t in binary.tasks]
-        # stream_parallel() blocks fork and join, as CUDA's StreamBlocks (gradient and debug plans: in order)
-        if len(set(groups) - {0}) >= 2 and kernel.autodiff_mode is None and not self.error_words:
+        # stream_parallel() blocks fork and join, as CUDA's StreamBlocks (gradient, debug and profiled plans: in order)
+        if len(set(groups) - {0}) >= 2 and kernel.autodiff_mode is None and not self.error_words \
+                and self.timer is None:
             from ..cuda.stream_pool import launch_program
 
             self.program = launch_program(groups)
@@ -133,13 +164,14 @@ class AmdgpuPlan:
 
     def run(self, args, views, stream=0):
         """Launch every task on ``stream`` (0: the null stream) with ``args`` (the kernel's, in
-        order) and ``views`` (param name -> (device address, shape, strides, itemsize, copy back))."""
+        order) and ``views`` (param name -> (device address, shape, strides, itemsize, copy back,
+        what keeps the memory alive until the launch))."""
         for p, a in zip(self.kernel.params, args):
             cells = self.cells.get(p.name)
             if cells is None:
                 continue
             if p.kind == "ndarray":
-                address, shape, strides, itemsize, _back = views[p.name]
+                address, shape, strides, itemsize, _back, _keep = views[p.name]
                 values = [0, 0, int(np.prod(shape, dtype=np.int64)), itemsize, address, *shape, *strides]
             elif p.kind == "matrix":
                 values = a.entries.reshape(-1).tolist()
@@ -149,12 +181,18 @@ class AmdgpuPlan:
                 values = [a]
             for cell, value in zip(cells, values, strict=True):
                 cell.value = value
-        totals = self.static_totals if self.totals_fn is None else self.totals_fn(args)
+        if self.totals_fn is None:
+            totals = self.static_totals
+        else:   # ndarrays as their shapes: every array kind (DLPack producers too) has one there
+            totals = self.totals_fn(tuple(_Shape(views[p.name][1]) if p.kind == "ndarray" else a
+                                          for p, a in zip(self.kernel.params, args)))
         rt = self.rt
         nonblocking = bool(stream) and rt.stream_nonblocking(stream)
         if nonblocking:
             rt.fence(0, stream)
-        if self.program is None:
+        if self.timer is not None:
+            self.timer.launch((totals, stream))
+        elif self.program is None:
             for launch in self.launches:
                 self._launch(launch, totals, stream)
         else:
@@ -167,7 +205,7 @@ class AmdgpuPlan:
             if type(args[i]) is Ndarray:
                 args[i]._gen = next_generation()
         self._raise_recorded()
-        for _name, (_address, _shape, _strides, _itemsize, back) in views.items():
+        for _name, (_address, _shape, _strides, _itemsize, back, _keep) in views.items():
             if back is not None:
                 back()
         if self.binary.ret is None:
@@ -176,14 +214,29 @@ class AmdgpuPlan:
         raw = self.tmp.copy_to_host()[offset:offset + np.dtype(dtype).itemsize * count]
         return self.read_return(raw, np.dtype(dtype), self.kernel.return_type)
 
-    def _launch(self, launch, totals, stream) -> None:
+    def _launch(self, launch, totals, stream) -> int:
+        """Launch one task; its grid (0: no iterations, not launched)."""
         grid = launch.grid
         if launch.total_index is not None:
             n = int(totals[launch.total_index])
             if n <= 0:
-                return
+                return 0
             grid = min(grid, -(-n // launch.block))
         self.rt.launch(launch.fn, grid, launch.block, stream, ctypes.addressof(launch.argv))
+        return grid
+
+    def _launch_timed(self, packed, events) -> int:
+        """The profiled launch (profiler.py ``GpuLaunchTimer``): ``packed`` is (host iteration
+        counts, stream); timing event ``events[2k]`` is recorded before task k and ``events[2k +
+        1]`` after it on that stream, also around a task that does not launch. HIP's errors
+        raise, so a launch that returns launched every task (-1)."""
+        totals, stream = packed
+        rt = self.rt
+        for k, launch in enumerate(self.launches):
+            rt.event_record(int(events[2 * k]), stream)
+            self.grids[k] = self._launch(launch, totals, stream)
+            rt.event_record(int(events[2 * k + 1]), stream)
+        return -1
 
     def _fork_join(self, totals, caller) -> None:
         """The tasks of a stream_parallel() plan: a run of groups forks from the caller's stream
@@ -211,6 +264,15 @@ class AmdgpuPlan:
         raise_recorded(self.kernel, self.rt, self.error_words, lambda launch: launch.binary.task)
 
 
+class _Shape:
+    """An ndarray argument as the host iteration counts see it (its ``shape``)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
 def _heap(words: int):
     """(HIP buffer, address) of an adstack heap of ``words`` int64 words."""
     buf = HipArray((words,), np.int64)
@@ -218,12 +280,12 @@ def _heap(words: int):
 
 
 def _ndarray_view(where, a):
-    """(Numba type, (device address, shape, byte strides, itemsize, copy-back or None)) of an
-    ndarray argument on AMDGPU."""
+    """(Numba type, (device address, shape, byte strides, itemsize, copy-back or None, what keeps
+    the memory alive until the launch)) of an ndarray argument on AMDGPU."""
     if type(a) is Ndarray:
         ensure_device(a)
         arr = a._arr
-        return numba.typeof(arr), (a._dev.address, arr.shape, arr.strides, arr.itemsize, None)
+        return numba.typeof(arr), (a._dev.address, arr.shape, arr.strides, arr.itemsize, None, a)
     if isinstance(a, np.ndarray):
         host = np.ascontiguousarray(a)
         dev = HipArray(host.shape, host.dtype)
@@ -233,7 +295,7 @@ def _ndarray_view(where, a):
             if a.flags.writeable:
                 a[...] = dev.copy_to_host()
 
-        return numba.typeof(host), (dev.address, host.shape, host.strides, host.itemsize, back)
+        return numba.typeof(host), (dev.address, host.shape, host.strides, host.itemsize, back, dev)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         dtype = np.dtype(cai["typestr"])
@@ -242,9 +304,25 @@ def _ndarray_view(where, a):
                                               for s in np.cumprod((1,) + shape[:0:-1])[::-1])
         layout = "C" if cai.get("strides") is None else "A"
         ty = types.Array(numba.from_dtype(dtype), len(shape), layout)
-        return ty, (int(cai["data"][0]), shape, tuple(strides), dtype.itemsize, None)
-    raise QuadrantsTypeError(f"{where}: expected a numpy array, a qd.ndarray or an object with "
-                             f"__cuda_array_interface__ (HIP memory) on qd.amdgpu, got {type(a).__name__}")
+        return ty, (int(cai["data"][0]), shape, tuple(strides), dtype.itemsize, None, a)
+    if isinstance(a, Field):    # fields export DLPack, but are not ndarray arguments
+        raise QuadrantsTypeError(field_for_ndarray_message(where, a))
+    if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
+        # DLPack's ROCm stream 0: the producer's pending work is ordered before the null stream
+        address, shape, strides, dtype, owner = dlpack.consume(a, where, "qd.amdgpu", (dlpack.ROCM,),
+                                                               HipRuntime.get().device_id, 0, _on_other_device)
+        contiguous = tuple(strides) == tuple(c_strides(shape, dtype.itemsize))
+        ty = types.Array(numba.from_dtype(dtype), len(shape), "C" if contiguous else "A")
+        return ty, (address, shape, strides, dtype.itemsize, None, owner)
+    raise QuadrantsTypeError(f"{where}: expected a numpy array, a qd.ndarray, an object with "
+                             f"__cuda_array_interface__ (HIP memory) or a ROCm DLPack producer on qd.amdgpu, "
+                             f"got {type(a).__name__}")
+
+
+def _on_other_device(where: str, theirs: int, ours: int) -> QuadrantsTypeError:
+    return QuadrantsTypeError(f"{where}: the array is on ROCm device {theirs}, but qd_numba runs on device {ours}; "
+                              f"move it to device {ours} (torch: .to('cuda:{ours}')) or run this kernel in a process "
+                              "on that device")
 
 
 class AmdgpuKernel(KernelBackend):

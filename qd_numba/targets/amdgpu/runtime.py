@@ -5,7 +5,8 @@ hip-python (``pip install hip-python``, the release matching the ROCm install) i
 lazily: importing this module never fails. Every call returns hip-python's ``(hipError_t,
 *results)`` tuple; :func:`_check` turns an error into our QuadrantsRuntimeError naming the call.
 Launches use ``hipModuleLaunchKernel`` with a ``void*[]`` of ctypes cells built once per plan
-(kernel.py), as the CUDA target's ``cuLaunchKernel`` does.
+(kernel.py), as the CUDA target's ``cuLaunchKernel`` does. The runtime is also the kernel
+profiler's event API (profiler.py ``GpuEventPool``: timing events, their elapsed times).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 
 import numpy as np
 
-from ... import config
+from ... import config, profiler
 from ...errors import QuadrantsRuntimeError
 
 _HIP_LIBRARIES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6")
@@ -98,6 +99,13 @@ class HipArray:
         _check(rt.hip.hipMemcpyDtoH(out, self.address, self.nbytes), "hipMemcpyDtoH")
         return out
 
+    def copy(self) -> HipArray:
+        """A new buffer holding this one's data (a device-to-device copy, ordered on the null
+        stream like every copy here)."""
+        out = HipArray(self.shape, self.dtype)
+        _check(HipRuntime.get().hip.hipMemcpyDtoD(out.address, self.address, self.nbytes), "hipMemcpyDtoD")
+        return out
+
     def copy_to_device(self, array) -> None:
         host = np.ascontiguousarray(array, dtype=self.dtype)
         rt = HipRuntime.get()
@@ -136,7 +144,8 @@ class HipRuntime:
             raise QuadrantsRuntimeError("qd.init(arch=amdgpu): this machine lacks " + "; ".join(lacking))
         self.hip = hip = _hip_python()
         _check(hip.hipInit(0), "hipInit")
-        _check(hip.hipSetDevice(0), "hipSetDevice")
+        self.device_id = 0
+        _check(hip.hipSetDevice(self.device_id), "hipSetDevice")
         props = hip.hipDeviceProp_t()
         _check(hip.hipGetDeviceProperties(props, 0), "hipGetDeviceProperties")
         name = props.gcnArchName
@@ -148,6 +157,7 @@ class HipRuntime:
         self._pool: list[int] = []               # stream_parallel()'s non-blocking streams
         self._fence_event = None
         self._fence_lock = threading.Lock()
+        self._timing = None                      # the kernel profiler's timing events
 
     @classmethod
     def get(cls) -> HipRuntime:
@@ -242,6 +252,21 @@ class HipRuntime:
 
     def event_create(self) -> int:
         return int(_check(self.hip.hipEventCreateWithFlags(self.hip.hipEventDisableTiming), "hipEventCreate"))
+
+    def timing_event_create(self) -> int:
+        """An event that records a timestamp (hipEventCreate: without hipEventDisableTiming)."""
+        return int(_check(self.hip.hipEventCreate(), "hipEventCreate"))
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        """Milliseconds between two recorded timing events (both complete)."""
+        return float(_check(self.hip.hipEventElapsedTime(start, end), "hipEventElapsedTime"))
+
+    def timing_events(self) -> profiler.GpuEventPool:
+        """The kernel profiler's pool of timing events on this device (made on first need)."""
+        with self._fence_lock:
+            if self._timing is None:
+                self._timing = profiler.GpuEventPool(self)
+        return self._timing
 
     def event_destroy(self, handle: int) -> None:
         _check(self.hip.hipEventDestroy(handle), "hipEventDestroy")

@@ -12,8 +12,6 @@ arguments and qd.ndarrays.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 from numba.core import types
 
@@ -134,49 +132,12 @@ def _on_other_device(where: str, theirs: int, ours: int) -> QuadrantsTypeError:
                               "run this kernel in a process on that device")
 
 
-# -- DLPack: arrays that offer neither a CUDA array interface nor a numba-cuda view ---------------
-
-class _DLPackOwner:
-    """Holds a consumed DLPack tensor for as long as a view of it is in use, then calls its
-    deleter (the producer's storage stays alive until then)."""
-
-    def __init__(self, managed):
-        self.managed = managed
-
-    def __del__(self):
-        deleter = self.managed.contents.deleter
-        if deleter:
-            deleter(self.managed)
-
-
 def _dlpack_view(a, where: str) -> ArrayView:
-    """An ArrayView of a CUDA DLPack producer. ``stream=1`` asks the producer to order its
-    pending work before the legacy default stream, where qd_numba launches."""
-    device_type, device_id = a.__dlpack_device__()
-    if int(device_type) not in (dlpack.CUDA, dlpack.CUDA_MANAGED):
-        raise QuadrantsTypeError(f"{where}: a DLPack array on device type {int(device_type)} cannot be passed "
-                                 "to a CUDA kernel; move it to the GPU or pass a numpy array")
-    rt = CudaRuntime.get()
-    if int(device_type) == dlpack.CUDA and int(device_id) != rt.device_id:
-        raise _on_other_device(where, int(device_id), rt.device_id)
-    capsule = a.__dlpack__(stream=1)
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    set_name = ctypes.pythonapi.PyCapsule_SetName
-    set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-    managed = ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(dlpack.DLManagedTensor))
-    set_name(capsule, b"used_dltensor")  # we own it now: the capsule must not delete it
-    owner = _DLPackOwner(managed)
-    t = managed.contents.dl_tensor
-    kind = dlpack.KINDS.get(t.dtype.code)
-    if kind is None or t.dtype.lanes != 1:
-        raise QuadrantsTypeError(f"{where}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
-                                 f"{t.dtype.lanes} lanes)")
-    dt = np.dtype(f"{kind}{t.dtype.bits // 8}") if kind != "b" else np.dtype(np.bool_)
-    shape = tuple(t.shape[k] for k in range(t.ndim))
-    strides = tuple(t.strides[k] * dt.itemsize for k in range(t.ndim)) if t.strides else \
-        device.c_strides(shape, dt.itemsize)
-    return ArrayView(dt, shape, strides, int(t.data or 0) + int(t.byte_offset), False, keep=owner)
+    """An ArrayView of a CUDA DLPack producer (dlpack.py ``consume``). ``stream=1`` asks the
+    producer to order its pending work before the legacy default stream, where qd_numba launches."""
+    ptr, shape, strides, dt, owner = dlpack.consume(a, where, "CUDA", (dlpack.CUDA, dlpack.CUDA_MANAGED),
+                                                    CudaRuntime.get().device_id, 1, _on_other_device)
+    return ArrayView(dt, shape, strides, ptr, False, keep=owner)
 
 
 def _view_type(where, spec, view):

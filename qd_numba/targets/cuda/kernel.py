@@ -14,7 +14,7 @@ import threading
 
 from numba.core import types
 
-from ... import config, profiler
+from ... import config, dlpack, profiler
 from ...errors import QuadrantsRuntimeError, QuadrantsTypeError
 from ...field import Ndarray
 from ...frontend.args import (
@@ -39,6 +39,7 @@ from .runtime import CudaRuntime, ensure_device, start_launchers
 class CudaTarget(Target):
     arch = "cuda"
     codegen_stages = CODEGEN_STAGES
+    dlpack_device_type = dlpack.CUDA
 
     def kernel_backend(self, kernel) -> CudaKernel:
         return CudaKernel(kernel)

@@ -62,13 +62,13 @@ class CudaTarget(Target):
         if dev is None:
             return None
         rt = CudaRuntime.get()
+        if copy:    # queued first: the consumer's stream waits for the copy too
+            dev = rt.cuda.device_array(dev.shape, dev.dtype)
+            dev.copy_to_device(data._dev)
         # kernels and copies run on the legacy default stream: a consumer's stream that CUDA does
         # not order with it (non-blocking) waits for them; -1 and None ask for no ordering
         if stream is not None and stream != -1 and rt.stream_nonblocking(int(stream)):
             rt.fence(0, int(stream))
-        if copy:
-            dev = rt.cuda.device_array(dev.shape, dev.dtype)
-            dev.copy_to_device(data._dev)
         return int(dev.device_ctypes_pointer.value or 0), rt.device_id, dev
 
     def configure(self, cfg) -> None:

@@ -553,7 +553,7 @@ def test_generated_runner_marks_only_the_nodes_whose_cells_changed():
     plan = types.SimpleNamespace(params=[("x", "ndarray"), ("a", "scalar"), ("b", "scalar")], cells=cells,
                                  graph=graph, rt=None, launch_all=None, totals_fn=None, timer=None, written=(),
                                  written_args=(), error_words=[], launches=launches, ret=None,
-                                 _patch_view=lambda name, view, key: key, cells_owner=None,
+                                 _patch_view=lambda name, view, key: key, cells_owner=None, _launch_all_users=[],
                                  stream_blocks=None, auto_graph=False)
     src, ns = cuda_plan._runner_source(plan)
     exec(compile(src, "<runner>", "exec"), ns)
@@ -736,7 +736,7 @@ def _runner_plan(log, auto_graph):
                                  packed=np.zeros(4, np.int64), launch_all=launch_all,
                                  totals_fn=None, totals_args=[], error_words=[], timer=None, ret=None,
                                  written=[], written_args=[], stream_blocks=None, launches=launches,
-                                 auto_graph=auto_graph, cells_owner=None)
+                                 auto_graph=auto_graph, cells_owner=None, _launch_all_users=[])
     plan.graph = _LoggingGraph(2, log) if auto_graph is not None else None
     plan._patch_view = lambda name, view, key: LaunchPlan._patch_view(plan, name, view, key)
     return plan

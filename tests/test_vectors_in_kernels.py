@@ -382,7 +382,8 @@ def test_cuda_runner_writes_vector_parameters(rng):
     plan = SimpleNamespace(params=[("v", "matrix"), ("s", "scalar")], cells=cells, rt=None, packed=None,
                            launch_all=lambda: -1, totals_fn=object(), totals_args=[0], error_words=[],
                            timer=None, ret=None, _update_grids=lambda args: totals.append(int(args[0].x)),
-                           written=[], written_args=[], stream_blocks=None, cells_owner=None, graph=None)
+                           written=[], written_args=[], stream_blocks=None, cells_owner=None, graph=None,
+                           _launch_all_users=[])
     src, ns = _runner_source(plan)
     exec(src, ns)
     run = ns["make"]()

@@ -9,11 +9,13 @@ there, so the compile is the same whenever the pass could change anything:
 
 * ``with_lifting``: a ``with`` block;
 * ``inline_closure_likes``: a closure (``make_function``), a list display (an array
-  comprehension), ``functools.reduce`` or a stencil; without one only its scope fix-up runs
-  (``fixup_var_define_in_scope``);
+  comprehension), ``functools.reduce`` or a stencil; without one only what it does after
+  inlining runs (Numba's post-processing and ``fixup_var_define_in_scope``: later passes rely on
+  the CFG it canonicalises);
 * ``make_function_op_code_to_jit_function``: a ``make_function``;
 * ``nopython_rewrites`` (after typing): a value typed as an array or a string literal (array
-  expressions, string-literal subscripts, arrays of constants).
+  expressions, string-literal subscripts, arrays of constants); without one, the post-processing
+  only.
 
 ``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
 (the differential check: tests/test_task_pipeline.py compiles programs both ways).
@@ -69,17 +71,20 @@ def _has_array_or_string_literal(state) -> bool:
     return any(isinstance(ty, (types.Array, types.StringLiteral)) for ty in state.typemap.values())
 
 
-def _fixup_scope(flavour: str, state) -> None:
-    module = importlib.import_module(f"{flavour}.ir_utils")
-    module.fixup_var_define_in_scope(state.func_ir.blocks)
+def _post_process(flavour: str, state) -> None:
+    """What ``inline_closure_likes`` and ``nopython_rewrites`` do to an IR they change nothing
+    in: Numba's post-processing (the CFG canonicalised, variable lifetimes) and the scope
+    fix-up."""
+    importlib.import_module(f"{flavour}.postproc").PostProcessor(state.func_ir).run()
+    importlib.import_module(f"{flavour}.ir_utils").fixup_var_define_in_scope(state.func_ir.blocks)
 
 
 # pass name -> (trigger, what runs without it, or None)
 _GATES = {
     "with_lifting": (_has_with, None),
-    "inline_closure_likes": (_has_closure_like, _fixup_scope),
+    "inline_closure_likes": (_has_closure_like, _post_process),
     "make_function_op_code_to_jit_function": (_has_make_function, None),
-    "nopython_rewrites": (_has_array_or_string_literal, None),
+    "nopython_rewrites": (_has_array_or_string_literal, _post_process),
 }
 
 

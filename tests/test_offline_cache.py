@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 
 import numba
 import numpy as np
@@ -460,11 +461,11 @@ def test_a_cached_debug_kernel_still_raises_out_of_bounds_and_returns_values(cac
         ns["total"](65)
 
 
-def test_a_freed_template_object_never_lends_its_loaded_instance_to_a_new_one(cache_dir, rng):
-    """Instances are keyed by the identity of a template object (a data-oriented ``self``). A
-    loaded instance holds no reference to the object it was loaded for, so a new object that
-    gets a freed one's id must still get its own instance (its fields, its constants), not the
-    freed one's: objects are made and dropped one after another, so CPython reuses addresses."""
+def test_a_template_objects_id_is_never_lent_to_a_new_object(cache_dir, rng):
+    """Instances are keyed by the identity of template objects (a data-oriented ``self``). A
+    kernel keeps every object it made or loaded an instance for alive, so no new object can take
+    a used one's id and be lent its instance (its fields, its constants): dropped objects stay
+    alive, and each new one gets its own instance from the cache."""
     ns = define("""
     @qd.data_oriented
     class Scaled:
@@ -481,13 +482,16 @@ def test_a_freed_template_object_never_lends_its_loaded_instance_to_a_new_one(ca
     for n, s in kinds:
         ns["Scaled"](n, s).apply()       # the entries: one per size and factor
     fresh_process()
-    for k in range(30):                  # every call a hit; the next object often takes the last one's id
+    dropped = []
+    for k in range(6):                   # every call a hit, each object its own instance
         n, s = kinds[k % 3]
         obj = ns["Scaled"](n, s)
         x0 = rng.random(n).astype(np.float32)
         obj.x.from_numpy(x0)
         obj.apply()
         np.testing.assert_allclose(obj.x.to_numpy(), x0 * np.float32(s), rtol=1e-6)
+        dropped.append(weakref.ref(obj))
         del obj
-        gc.collect()
-    assert offline_cache.stats.hits == 30
+    gc.collect()
+    assert offline_cache.stats.hits == 6
+    assert all(ref() is not None for ref in dropped)    # kept: their ids cannot be taken

@@ -609,13 +609,10 @@ def compile_lowered(lowered, arch: str, lld: list[str] | None, device_libs: list
                 gv.linkage = "internal"
         module.verify()
         _optimise(llvm, module, tm)
-        if keep_text:   # codegen mutates the module: the assembly and the object each get a fresh parse
-            optimised = str(module)
-            asm = tm.emit_assembly(_parse(llvm, optimised, layout))
-            obj = tm.emit_object(_parse(llvm, optimised, layout))
-        else:
-            optimised, asm = "", ""
-            obj = tm.emit_object(module)
+        optimised = str(module)
+        # codegen mutates the module: the assembly and the object each get a fresh parse
+        asm = tm.emit_assembly(_parse(llvm, optimised, layout)) if keep_text else ""
+        obj = tm.emit_object(_parse(llvm, optimised, layout))
     info = elf_info(obj)
     unresolved = tuple(n for n in info.undefined if n.startswith("__ocml_"))
     others = [n for n in info.undefined if not n.startswith("__ocml_")]
@@ -627,7 +624,7 @@ def compile_lowered(lowered, arch: str, lld: list[str] | None, device_libs: list
             code_object = link_code_object(obj, lld)
     return CompiledAmdgpuTask(
         entry_name=entry, arch=arch, obj=obj, code_object=code_object, param_layout=lowered.param_layout,
-        argtypes=lowered.argtypes, llvm_ir=optimised, asm=asm, unresolved=unresolved,
+        argtypes=lowered.argtypes, llvm_ir=optimised if keep_text else "", asm=asm, unresolved=unresolved,
         compile_seconds=lowered.lowering_seconds + time.perf_counter() - t0, typemap=lowered.typemap,
         error_symbol=lowered.error_symbol, exception_of=lowered.exception_of)
 

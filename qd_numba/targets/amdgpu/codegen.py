@@ -610,7 +610,9 @@ def compile_lowered(lowered, arch: str, lld: list[str] | None, device_libs: list
         module.verify()
         _optimise(llvm, module, tm)
         optimised = str(module)
-        # codegen mutates the module: the assembly and the object each get a fresh parse
+        # codegen mutates the module: the assembly and the object each get a fresh parse (emitting
+        # from ``module`` itself crashed a later garbage collection: the optimiser's analyses of it
+        # are disposed after the codegen changed it)
         asm = tm.emit_assembly(_parse(llvm, optimised, layout)) if keep_text else ""
         obj = tm.emit_object(_parse(llvm, optimised, layout))
     info = elf_info(obj)

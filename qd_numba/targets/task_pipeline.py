@@ -55,8 +55,7 @@ def _has_closure_like(state) -> bool:
             return True
         if type(value).__name__ in ("Global", "FreeVar"):
             target = value.value
-            if isinstance(target, StencilFunc) or target is functools.reduce or \
-                    getattr(target, "__name__", None) == "reduce":
+            if isinstance(target, StencilFunc) or getattr(target, "__name__", None) == "reduce":
                 return True
     return False
 

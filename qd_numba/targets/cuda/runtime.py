@@ -253,7 +253,7 @@ class PyLaunchers:
     results. A plan launches through them while the native loops are still being built on the
     thread :func:`start_launchers` starts, so a process whose kernels come from the offline cache
     does not wait ~2 ms (MCJIT's set-up) before its first launch; the plan moves to the native
-    loops once they exist (:func:`bind_launch_all`). A launch costs ~1-2 us more here."""
+    loops once they exist (:func:`bind_launch_all`). A launch costs more here: Python per task."""
 
     def __init__(self, launch: int, record: int):
         c_int, c_uint, c_ptr = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p

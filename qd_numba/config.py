@@ -99,6 +99,7 @@ class Config:
     offline_cache_cleaning_policy: str = "lru"   # QD_OFFLINE_CACHE_CLEANING_POLICY: lru | fifo | version | never
     offline_cache_cleaning_factor: float = 0.25  # QD_OFFLINE_CACHE_CLEANING_FACTOR: share removed when over the size
     compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
+    compile_processes: int = 0          # QD_COMPILE_PROCESSES: processes lowering a CUDA kernel's tasks (0: auto, 1: off)
     cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
     cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
     task_pipeline: str = "gated"        # QD_TASK_PIPELINE: gated | full (Numba's pipeline per task, unchanged)
@@ -221,6 +222,7 @@ def config_from_env(**overrides) -> Config:
         offline_cache_cleaning_policy=os.environ.get("QD_OFFLINE_CACHE_CLEANING_POLICY", "lru").strip().lower(),
         offline_cache_cleaning_factor=env_float("QD_OFFLINE_CACHE_CLEANING_FACTOR", 0.25),
         compile_threads=env_int("QD_COMPILE_THREADS", 0),
+        compile_processes=env_int("QD_COMPILE_PROCESSES", 0),
         warp_reduce=env_flag("QD_WARP_REDUCE", True),
         cuda_graph=env_flag("QD_GRAPH", True),
         auto_graph=env_flag("QD_AUTO_GRAPH", True),
@@ -261,9 +263,10 @@ def config_from_env(**overrides) -> Config:
     if cfg.ad_stack_sizer not in AD_STACK_SIZERS:
         raise QuadrantsConfigError(f"ad_stack_sizer={cfg.ad_stack_sizer!r}: "
                                    f"expected one of {', '.join(AD_STACK_SIZERS)}")
-    if isinstance(cfg.compile_threads, bool) or not isinstance(cfg.compile_threads, int) or cfg.compile_threads < 0:
-        raise QuadrantsConfigError(f"compile_threads={cfg.compile_threads!r}: expected an integer >= 0 "
-                                   "(0: one per CPU core)")
+    for name, zero in (("compile_threads", "one per CPU core"), ("compile_processes", "chosen per kernel")):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise QuadrantsConfigError(f"{name}={value!r}: expected an integer >= 0 (0: {zero})")
     if cfg.device_id is not None:
         if isinstance(cfg.device_id, bool) or not isinstance(cfg.device_id, (int, np.integer)) or cfg.device_id < 0:
             raise QuadrantsConfigError(f"device_id={cfg.device_id!r}: expected a CUDA device number >= 0 (QD_DEVICE, "

@@ -74,23 +74,35 @@ class TaskTyper:
                 if isinstance(stmt, state.ir.Assign):
                     self.assigned_in.setdefault(stmt.target.name, set()).add(label)
 
+    def label_types(self, piece: TypedPiece) -> dict:
+        """``kernel label -> kernel variable -> set of types`` of the versions of each kernel
+        variable in ``piece``'s blocks (literals widened): what :meth:`assign` takes from a piece.
+        Plain data, so a worker process that typed the piece can send it (targets/cuda/fork_lowering.py)."""
+        by_label: dict = {}
+        for label, block in piece.blocks.items():
+            if piece.kernel_label is not None:
+                label = piece.kernel_label.get(label)
+                if label is None:
+                    continue
+            found = by_label.setdefault(label, {})
+            for stmt in block.body:
+                for var in stmt.list_vars():
+                    ty = piece.typemap.get(var.name)
+                    name = self.origin(var.name)
+                    if ty is not None and name in self.names:   # not a variable the target added
+                        found.setdefault(name, set()).add(_widen(ty))
+        return by_label
+
     def assign(self, pieces, return_type, typingctx) -> None:
         """Set every unit's ``types``, ``state.tasks`` and the plan's return type from ``pieces``
-        (:class:`TypedPiece`) and the kernel's inferred ``return_type``."""
+        (each a :class:`TypedPiece` or its :meth:`label_types`) and the kernel's inferred
+        ``return_type``."""
         by_label = {}   # label -> kernel variable -> set of types of its versions there
         for piece in pieces:
-            for label, block in piece.blocks.items():
-                if piece.kernel_label is not None:
-                    label = piece.kernel_label.get(label)
-                    if label is None:
-                        continue
-                found = by_label.setdefault(label, {})
-                for stmt in block.body:
-                    for var in stmt.list_vars():
-                        ty = piece.typemap.get(var.name)
-                        name = self.origin(var.name)
-                        if ty is not None and name in self.names:   # not a variable the target added
-                            found.setdefault(name, set()).add(_widen(ty))
+            for label, found in (piece if isinstance(piece, dict) else self.label_types(piece)).items():
+                into = by_label.setdefault(label, {})
+                for name, tys in found.items():
+                    into.setdefault(name, set()).update(tys)
         plan = self.state.task_plan
         for unit in plan.units:
             found = {}

@@ -537,6 +537,35 @@ class LoweredTask:
         )
 
 
+def ship_lowered(task: LoweredTask) -> dict:
+    """What a worker process sends of a lowered task (fork_lowering.py): plain data, the Numba types
+    of the arguments and variables, and the code library's NVVM IR and link settings; the typed IR
+    stays there (non-debug tasks only: their exception table would too)."""
+    lib = task.library
+    return dict(
+        library=dict(name=lib.name, entry_name=lib._entry_name, llvm_strs=list(lib.llvm_strs),
+                     max_registers=lib._max_registers, nvvm_options=dict(lib._nvvm_options),
+                     needs_cudadevrt=lib.needs_cudadevrt, use_cooperative=lib.use_cooperative,
+                     lto=lib._lto, linking_files=[f for f in lib._linking_files if isinstance(f, str)]),
+        entry_name=task.entry_name, ccn=task.ccn, argtypes=task.argtypes, param_layout=task.param_layout,
+        keep_ptx=task.keep_ptx, nrt=task.nrt, lowering_seconds=task.lowering_seconds, typemap=dict(task.typemap),
+    )
+
+
+def rebuild_lowered(shipped: dict) -> LoweredTask:
+    """The :class:`LoweredTask` of a worker's :func:`ship_lowered`: :meth:`LoweredTask.finish`
+    makes the same cubin from it; ``blocks`` is empty (the typed IR stayed in the worker; what
+    the Tasks' types need of it arrives as ``TaskTyper.label_types``)."""
+    from numba.cuda.codegen import CUDACodeLibrary
+
+    state = dict(shipped["library"])
+    files = state.pop("linking_files")
+    lib = CUDACodeLibrary._rebuild(None, ptx_cache={}, cubin_cache={}, linkerinfo_cache={}, nrt=False, **state)
+    lib._linking_files = set(files)
+    return LoweredTask(library=lib, blocks={},
+                       **{k: v for k, v in shipped.items() if k != "library"})
+
+
 @functools.cache
 def _task_compiler():
     """numba-cuda's pipeline with the passes a task rarely needs gated (targets/task_pipeline.py)."""
@@ -692,11 +721,13 @@ class DeviceCodegen:
                 if error is not None:
                     raise error from None
 
-    def submit(self, lowered: LoweredTask) -> None:
-        if self.threads == 1:
-            self.pending.append((lowered, lowered.finish()))
-        else:
-            self.pending.append((lowered, _pool(self.threads).submit(lowered.finish)))
+    def start(self, lowered: LoweredTask) -> Any:
+        """Start finishing ``lowered`` now (on the pool; with one thread, here), before its turn:
+        what :meth:`submit` takes as ``started`` when the task's turn comes."""
+        return lowered.finish() if self.threads == 1 else _pool(self.threads).submit(lowered.finish)
+
+    def submit(self, lowered: LoweredTask, started: Any = None) -> None:
+        self.pending.append((lowered, self.start(lowered) if started is None else started))
 
     def results(self) -> list[CompiledCudaTask]:
         out = []

@@ -32,7 +32,7 @@ from ...generated_code import exec_generated
 from ...lowering import device
 from ...lowering.raising import raise_recorded
 from ...passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
-from ...passes.task_ir import cut_task
+from ...passes.task_ir import TaskIR, cut_task
 from ...passes.task_types import TaskTyper, TypedPiece
 from ..untyped import gc_paused
 from . import graphs, toolchain
@@ -430,13 +430,14 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     it, in program order: a value that crosses tasks through a temporary takes the type it has in
     the task that stores it, and the Tasks get their types from the typed task kernels together
     (passes/task_types.py, as the CPU target does), with no whole-kernel type inference. NVVM +
-    nvJitLink of each task run on a pool while the next task lowers (compile.py). Returns
+    nvJitLink of each task run on a pool while the next task lowers (compile.py); tasks that load
+    no temporary may first lower in forked worker processes (fork_lowering.py). Returns
     (plan_ir, [(unit, task IR, compiled)], Numba type of each value passed through a temporary,
     the return value's as "$qd_return"). ``codegen``: what finishes the lowered tasks instead of
     NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py)."""
     from numba.cuda.descriptor import cuda_target
 
-    from .compile import DeviceCodegen, lower_task
+    from .compile import DeviceCodegen, lower_task, rebuild_lowered, ship_lowered
 
     plan_ir = state.task_plan
     debug = config.current.debug
@@ -444,33 +445,79 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     temp_types: dict = {}
     return_type = None
     abi = cuda_tasks.CudaTaskABI(state, field_slot, field_token, plan_ir.ret_slot, temp_types)
-    lowered, pieces = [], []
-    with codegen or DeviceCodegen(config.current.compile_threads) as codegen:
-        for unit in plan_ir.units:
-            with profiler.stage("task split"):
-                tk = cut_task(state, unit, abi)
-            if config.current.print_ir:
-                import sys
 
-                print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
-                tk.func_ir.dump()
-            argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
-            task = lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
-            codegen.submit(task)
-            stored = _stored_types(task, state.ir)
+    def lower_unit(unit):
+        with profiler.stage("task split"):
+            tk = cut_task(state, unit, abi)
+        if config.current.print_ir:
+            import sys
+
+            print(f"=== qd_numba CUDA task {unit.task.name} ===", file=sys.stderr)
+            tk.func_ir.dump()
+        argtypes = [types.uint64, types.uint64] + [state.param_types[n] for n in tk.params]
+        task = lower_task(tk.func_ir, argtypes, cc=cc, debug=False, lineinfo=debug, exceptions=debug)
+        # the task kernel's entry block (label 0: its parameters, loads and recomputed values)
+        # counts as the unit's first block
+        labels = {0: min(unit.labels), **{label + TASK_LABEL_SHIFT: label for label in unit.labels}}
+        return tk, task, _stored_types(task, state.ir), TypedPiece(task.blocks, task.typemap, labels)
+
+    lowered, pieces = [], []
+    with codegen or DeviceCodegen(config.current.compile_threads) as device_codegen:
+        early = {} if codegen is not None else _lower_early(plan_ir.units, lower_unit, typer, device_codegen,
+                                                            rebuild_lowered, ship_lowered)
+        for k, unit in enumerate(plan_ir.units):
+            if k in early:      # lowered by a worker, already finishing on the pool
+                tk, task, stored, piece, started = early.pop(k)
+                device_codegen.submit(task, started)
+            else:
+                tk, task, stored, piece = lower_unit(unit)
+                device_codegen.submit(task)
             temp_types.update((name, stored[f"$qd_temp_store_{slot}"]) for name, slot in unit.stores.items())
             return_type = stored.get("$qd_temp_store_ret", return_type)
-            # the task kernel's entry block (label 0: its parameters, loads and recomputed values)
-            # counts as the unit's first block
-            labels = {0: min(unit.labels), **{label + TASK_LABEL_SHIFT: label for label in unit.labels}}
-            pieces.append(TypedPiece(task.blocks, task.typemap, labels))
+            pieces.append(piece)
             lowered.append((unit, tk))
-        compiled = codegen.results()
+        compiled = device_codegen.results()
     typer.assign(pieces, return_type, cuda_target.typing_context)
     temp_types = dict(temp_types)
     if plan_ir.ret_slot is not None:
         temp_types["$qd_return"] = plan_ir.return_type
     return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
+
+
+def _lower_early(units, lower_unit, typer, device_codegen, rebuild, ship_task) -> dict:
+    """``unit index -> (task IR stand-in, lowered task, stored types, label types, started)`` of
+    the units that load no temporary, lowered on worker processes (fork_lowering.py) and
+    started on the device-codegen pool as they arrive; {} where workers are not used. A unit no
+    worker delivered is left out: :func:`compile_tasks` lowers it in program order."""
+    from . import fork_lowering
+
+    jobs = [k for k, unit in enumerate(units) if not unit.loads]
+    processes = fork_lowering.processes_for(len(jobs))
+    if processes <= 1:
+        return {}
+
+    def ship(result):
+        tk, task, stored, piece = result
+        return tk.params, ship_task(task), stored, typer.label_types(piece)
+
+    early = {}
+
+    def on_result(j, shipped):
+        params, task_data, stored, label_types = shipped
+        task = rebuild(task_data)
+        early[jobs[j]] = (TaskIR(units[jobs[j]], None, list(params)), task, stored, label_types,
+                          device_codegen.start(task))
+
+    costs = [_unit_size(typer.state, units[k]) for k in jobs]
+    with profiler.stage("typing + lowering"):
+        fork_lowering.lower_in_processes([units[k] for k in jobs], costs, processes, lower_unit, ship, on_result)
+    return early
+
+
+def _unit_size(state, unit) -> int:
+    """Statements of a unit's blocks: the cost by which units are shared out to processes."""
+    blocks = state.func_ir.blocks
+    return sum(len(blocks[label].body) for label in unit.labels if label in blocks) + len(unit.recompute)
 
 
 def _stored_types(task, ir) -> dict:

@@ -228,11 +228,12 @@ def test_processes_for_follows_the_options(monkeypatch):
     monkeypatch.setattr(cfg, "debug", False)
     monkeypatch.setattr(cfg, "compile_processes", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert fork_lowering.processes_for(32) == 8      # half the cores: NVVM's pool needs the rest
+    assert fork_lowering.processes_for(32) == 16     # one per core
+    assert fork_lowering.processes_for(64) == 16
     assert fork_lowering.processes_for(6) == 3       # two tasks per process at least
     assert fork_lowering.processes_for(3) == 1       # too few to be worth a fork
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert fork_lowering.processes_for(32) == 1
+    assert fork_lowering.processes_for(32) == 1      # workers would contend with NVVM's pool
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(cfg, "compile_processes", 4)
     assert fork_lowering.processes_for(32) == 1

@@ -49,6 +49,7 @@ log = logging.getLogger("qd_numba")
 
 MIN_TASKS_PER_PROCESS = 2      # auto mode: a worker for every two independent tasks at most
 MIN_TASKS = 4                  # auto mode: fewer independent tasks lower in the compiling process
+MIN_CORES = 4                  # auto mode: with fewer cores, workers and NVVM's pool only contend
 STALL_SECONDS = 300.0          # a worker silent this long is stopped; its tasks lower here
 _HEADER = 8                    # bytes of a message's length
 
@@ -60,11 +61,11 @@ def processes_for(tasks: int) -> int:
     wanted = cfg.compile_processes
     if wanted == 1 or tasks < 2 or sys.platform != "linux" or cfg.debug or cfg.print_ir:
         return 1
-    if wanted == 0:     # auto: half the cores (NVVM's pool runs beside), two tasks each at least
-        if tasks < MIN_TASKS:
-            return 1
+    if wanted == 0:     # auto: one per core, two tasks each at least (docs/compile_time.md)
         cores = len(os.sched_getaffinity(0))
-        wanted = min(cores // 2, tasks // MIN_TASKS_PER_PROCESS)
+        if tasks < MIN_TASKS or cores < MIN_CORES:
+            return 1
+        wanted = min(cores, tasks // MIN_TASKS_PER_PROCESS)
     return max(1, min(wanted, tasks))
 
 

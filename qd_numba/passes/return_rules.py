@@ -111,6 +111,8 @@ def _control_flow_returns(code) -> dict:
     """Source line -> "for" | "while" | "if" (the innermost non-static loop, else if) of each
     ``return`` statement of ``code``'s function nested in non-static control flow (nested
     functions not counted)."""
+    if code.co_filename.startswith("<") and not linecache.getlines(code.co_filename):
+        return {}   # exec'd source that nobody registered: inspect would search every module for it
     try:
         lines = inspect.findsource(code)[0][code.co_firstlineno - 1:]
         tree = ast.parse(textwrap.dedent("".join(inspect.getblock(lines))))

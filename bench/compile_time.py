@@ -10,7 +10,8 @@ and set-up are not compile time of the K-loop kernel), then times the first call
 kernel; the stages come from its compile record (qd_numba/profiler.py). References:
 
 - cpu: one hand-written ``numba.njit`` function holding the K loops (serial; Numba's cache off);
-- cuda (needs a GPU): K hand-written ``numba.cuda.jit`` kernels, each compiled and launched once;
+- cuda (needs a GPU): qd_numba as configured (worker processes lower the tasks) and with
+  ``compile_processes=1``; K hand-written ``numba.cuda.jit`` kernels, each compiled and launched once;
 - cuda-compile (no GPU needed): qd_numba's CUDA compile down to cubins (the suite's compile
   check), once with ``compile_threads=1`` and once with the default pool.
 
@@ -80,6 +81,9 @@ _WORKER = textwrap.dedent('''
             qd.init(arch=qd.cpu, offline_cache=False)
         elif arch == "cuda":
             qd.init(arch=qd.cuda, offline_cache=False)
+        elif arch == "cudaserial":      # every task lowered in the compiling process (no workers)
+            qd.init(arch=qd.cuda, offline_cache=False, compile_processes=1)
+            arch = "cuda"
         else:
             threads = int(arch.rsplit("threads", 1)[1])
             qd.init(arch=qd.cpu, compile_threads=threads, offline_cache=False)
@@ -133,7 +137,8 @@ _WORKER = textwrap.dedent('''
 
 SERIES = {   # arch -> (series name, worker impl)
     "cpu": [("qd_numba cpu", "qd-cpu"), ("numba.njit, one function (cpu)", "njit-cpu")],
-    "cuda": [("qd_numba cuda", "qd-cuda"), ("numba-cuda, K kernels", "numba-cuda")],
+    "cuda": [("qd_numba cuda", "qd-cuda"), ("qd_numba cuda, one process (compile_processes=1)", "qd-cudaserial"),
+             ("numba-cuda, K kernels", "numba-cuda")],
     "cuda-compile": [("qd_numba cuda compile-only, 1 thread", "qd-compilethreads1"),
                      ("qd_numba cuda compile-only, default threads", "qd-compilethreads0")],
 }

@@ -99,7 +99,7 @@ class Config:
     offline_cache_cleaning_policy: str = "lru"   # QD_OFFLINE_CACHE_CLEANING_POLICY: lru | fifo | version | never
     offline_cache_cleaning_factor: float = 0.25  # QD_OFFLINE_CACHE_CLEANING_FACTOR: share removed when over the size
     compile_threads: int = 0            # QD_COMPILE_THREADS: CUDA NVVM/nvJitLink threads (0: os.cpu_count())
-    compile_processes: int = 0          # QD_COMPILE_PROCESSES: processes lowering a CUDA kernel's tasks (0: auto, 1: off)
+    compile_processes: int = 0          # QD_COMPILE_PROCESSES: processes lowering CUDA tasks (0: auto, 1: one)
     cfg_optimization: bool = True       # QD_CFG_OPTIMIZATION: store-to-load forwarding, dead stores (per task)
     cfg_optimization_per_task: bool = True   # QD_CFG_OPTIMIZATION_PER_TASK: Quadrants' name; off: no CFG pass
     task_pipeline: str = "gated"        # QD_TASK_PIPELINE: gated | full (Numba's pipeline per task, unchanged)

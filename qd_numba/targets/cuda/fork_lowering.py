@@ -18,8 +18,10 @@ compiling process still holds them), a function type made in the worker by the v
 (resolved again here), anything else by pickling. A task whose result cannot be sent, a worker
 that fails, dies or sends nothing for :data:`STALL_SECONDS`: those tasks lower in the compiling
 process afterwards, as without workers, so an error is raised exactly as the serial path raises
-it. Workers never call NVVM, nvJitLink or the CUDA driver, and the fork happens under Numba's
-compiler locks, so no thread of this process is inside Numba's compiler when it forks.
+it. Workers never call NVVM, nvJitLink or the CUDA driver, never write to stdout/stderr (in a
+notebook those are the kernel's sockets), and the fork happens under Numba's compiler locks, so no
+thread of this process is inside Numba's compiler when it forks. Forking copies the process's page
+tables: a process holding many gigabytes spends a few milliseconds per worker on it.
 
 Linux only (``fork`` without ``exec`` is not safe on macOS, absent on Windows); never for debug
 compiles (their exception tables stay in the process that lowered the task) or printed IR;
@@ -177,11 +179,9 @@ def _worker_main(fd: int, jobs, share, lower, ship, before: int) -> None:
                 data = pickle.dumps((k, None, []))
             _write_all(fd, len(data).to_bytes(_HEADER, "little") + data)
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(0)
+        # no flush of sys.stdout/stderr here: in a notebook they are the kernel's sockets, which
+        # belong to the parent; a worker prints nothing, and its warnings travel with its results
+        os._exit(0)
 
 
 def _warnings(caught) -> list:

@@ -115,20 +115,22 @@ def _compile(processes: int):
 
 class Forks(list):
     """The worker processes forked while a test runs; ``undelivered``: per call of
-    ``lower_in_processes``, the jobs no process delivered."""
+    ``lower_in_processes``, the jobs no process delivered; ``shares``: the workers' jobs."""
 
     undelivered: list
+    shares: list
 
 
 @pytest.fixture
 def forks(monkeypatch):
     counted = Forks()
-    counted.undelivered = []
+    counted.undelivered, counted.shares = [], []
     real_fork, real_lower = fork_lowering._fork_workers, fork_lowering.lower_in_processes
 
     def counting(jobs, shares, lower, ship):
         workers = real_fork(jobs, shares, lower, ship)
         counted.extend(workers)
+        counted.shares.append(shares)
         return workers
 
     def lowering(*args, **kw):
@@ -145,8 +147,10 @@ def test_workers_emit_what_the_serial_path_emits(forks):
     serial = _compile(1)
     assert not forks
     forked = _compile(3)
-    assert len(forks) == 2 * len(serial)     # two workers per kernel beside the compiling process
+    assert len(forks) >= len(serial)         # workers beside the compiling process, for each kernel
     assert forks.undelivered == [set()] * len(serial)      # every task came back from its process
+    # the first task lowers before the fork (Numba's one-time set-up happens once, inherited)
+    assert all(0 not in share for shares in forks.shares for share in shares)
     assert [len(k) for k in forked] == [len(k) for k in serial] and len(serial[0]) >= 5
     for got, want in zip(forked, serial):
         for (ptx, name, layout, params, tys), (ptx0, name0, layout0, params0, tys0) in zip(got, want):
@@ -231,7 +235,7 @@ def test_processes_for_follows_the_options(monkeypatch):
     assert fork_lowering.processes_for(32) == 16     # one per core
     assert fork_lowering.processes_for(64) == 16
     assert fork_lowering.processes_for(6) == 3       # two tasks per process at least
-    assert fork_lowering.processes_for(3) == 1       # too few to be worth a fork
+    assert fork_lowering.processes_for(5) == 1       # too few to be worth a fork
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert fork_lowering.processes_for(32) == 1      # workers would contend with NVVM's pool
     monkeypatch.setattr(sys, "platform", "darwin")

@@ -50,7 +50,7 @@ from ... import config
 log = logging.getLogger("qd_numba")
 
 MIN_TASKS_PER_PROCESS = 2      # auto mode: a worker for every two independent tasks at most
-MIN_TASKS = 4                  # auto mode: fewer independent tasks lower in the compiling process
+MIN_TASKS = 6                  # auto mode: fewer independent tasks lower in the compiling process
 MIN_CORES = 4                  # auto mode: with fewer cores, workers and NVVM's pool only contend
 STALL_SECONDS = 300.0          # a worker silent this long is stopped; its tasks lower here
 _HEADER = 8                    # bytes of a message's length
@@ -92,19 +92,29 @@ def lower_in_processes(jobs: Sequence[Any], costs: Sequence[int], processes: int
     result to what crosses the pipe; ``on_result(k, shipped)`` gets each job's shipped result, in
     this process, as it arrives (jobs this process lowers are shipped too, so every result has one
     form). Returns the indices of the jobs no process delivered: the caller lowers them itself.
-    Blocks until every worker is done or stopped."""
-    shares = share_out(costs, processes)
+    Blocks until every worker is done or stopped.
+
+    The first job lowers here before any fork: what Numba sets up lazily at a process's first
+    compile (its typing and target registries, a template's first resolution: ~1 s on the H100
+    host) then happens once, and the workers inherit it instead of each doing it again."""
+    missing: set[int] = set()
+
+    def here(k: int) -> None:
+        try:
+            shipped = ship(lower(jobs[k]))
+        except Exception:   # lowered again by the caller, in program order: the serial path's error
+            missing.add(k)
+            return
+        on_result(k, shipped)
+
+    here(0)
+    rest = list(range(1, len(jobs)))
+    shares = [[rest[j] for j in share] for share in share_out([costs[k] for k in rest], processes)]
     own, worker_shares = shares[0], [s for s in shares[1:] if s]
     workers = _fork_workers(jobs, worker_shares, lower, ship)
-    missing: set[int] = set()
     try:
         for k in own:                                   # this process's share, meanwhile
-            try:
-                shipped = ship(lower(jobs[k]))
-            except Exception:   # lowered again by the caller, in program order: the serial path's error
-                missing.add(k)
-                continue
-            on_result(k, shipped)
+            here(k)
         missing |= _collect(workers, on_result)
     finally:
         _stop(workers)

@@ -88,7 +88,7 @@ class LaunchPlan:
     """
 
     def __init__(self, kernel, artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table,
-                 ret):
+                 ret, fields=(), written=(), written_args=()):
         self.kernel, self.launches = kernel, launches
         self.cells = cells                  # runtime param name -> list of ctypes cells
         self.params = params                # (name, kind) per kernel parameter, call order
@@ -116,7 +116,8 @@ class LaunchPlan:
         words = {id(launch): address for launch, address in self.error_words}
         # debug plans compile every task with an error word
         self.error_word_of = [words[id(launch)] for launch in launches] if words else []
-        self.written, self.written_args = (), ()    # fields, ndarray parameter positions a launch writes
+        self.fields = list(fields)      # in context-slot order (qd.ad.Tape validation reads them)
+        self.written, self.written_args = written, written_args   # fields, ndarray parameter positions a launch writes
         self.stream_blocks = stream_blocks(self)    # qd.stream_parallel() groups: fork/join (stream_pool.py)
         self._run_on_stream = None
         self._prepare = None
@@ -725,15 +726,12 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     if binary.static_totals is not None:
         static_totals = binary.static_totals
     params = [(p.name, p.kind) for p in kernel.params]
-    plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
-                      field_table, binary.ret)
-    plan.fields = list(fields)   # in context-slot order (qd.ad.Tape validation reads them)
+    # a launch gives what it writes new write generations (field.py): known before the runner is made
     runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
-    written, written_args = written_by(plan.tasks, len(runtime_positions), plan.fields,
+    written, written_args = written_by([launch.task for launch in launches], len(runtime_positions), list(fields),
                                        kernel.autodiff_mode == "reverse")
-    if written or written_args:     # a launch gives what it writes new write generations (field.py)
-        plan.written, plan.written_args = written, tuple(runtime_positions[r] for r in written_args)
-        plan.run = plan._make_runner()
+    plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
+                      field_table, binary.ret, fields, written, tuple(runtime_positions[r] for r in written_args))
     if adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
         rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
         plan.run = adstack.wrap_cuda_run(plan.run, adstacks, kernel, list(fields), rows.__getitem__, rt)

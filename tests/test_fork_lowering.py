@@ -128,10 +128,10 @@ def forks(monkeypatch):
     real_fork, real_lower = fork_lowering._fork_workers, fork_lowering.lower_in_processes
 
     def counting(jobs, shares, lower, ship):
-        workers = real_fork(jobs, shares, lower, ship)
+        workers, unforked = real_fork(jobs, shares, lower, ship)
         counted.extend(workers)
         counted.shares.append(shares)
-        return workers
+        return workers, unforked
 
     def lowering(*args, **kw):
         missing = real_lower(*args, **kw)
@@ -186,6 +186,21 @@ def test_tasks_a_worker_does_not_deliver_lower_here(monkeypatch, forks, failure)
     forked = _compile(3)
     assert forks and all(forks.undelivered)     # a task of each kernel lowered again here
     assert forked == serial
+
+
+def test_a_refused_fork_lowers_the_tasks_here(monkeypatch, forks):
+    serial = _compile(1)
+    real_fork, calls = os.fork, []
+
+    def fork():
+        calls.append(1)
+        if len(calls) > 1:          # the first worker starts; the system refuses the others
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    assert _compile(3) == serial
+    assert len(forks) == 1 and forks.undelivered[0] == set()
 
 
 def test_a_task_error_is_the_serial_paths_error(forks):

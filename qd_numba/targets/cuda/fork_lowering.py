@@ -16,7 +16,7 @@ path (tests/test_fork_lowering.py compares them).
 Numba types cross the pipe by their interning code when they existed before the fork (the
 compiling process still holds them), a function type made in the worker by the value it types
 (resolved again here), anything else by pickling. A task whose result cannot be sent, a worker
-that fails, dies or sends nothing for :data:`STALL_SECONDS`: those tasks lower in the compiling
+that fails, dies or sends nothing for :data:`STALL_SECONDS`, a fork the system refuses: those tasks lower in the compiling
 process afterwards, as without workers, so an error is raised exactly as the serial path raises
 it. Workers never call NVVM, nvJitLink or the CUDA driver, never write to stdout/stderr (in a
 notebook those are the kernel's sockets), and the fork happens under Numba's compiler locks, so no
@@ -111,9 +111,9 @@ def lower_in_processes(jobs: Sequence[Any], costs: Sequence[int], processes: int
     rest = list(range(1, len(jobs)))
     shares = [[rest[j] for j in share] for share in share_out([costs[k] for k in rest], processes)]
     own, worker_shares = shares[0], [s for s in shares[1:] if s]
-    workers = _fork_workers(jobs, worker_shares, lower, ship)
+    workers, unforked = _fork_workers(jobs, worker_shares, lower, ship)
     try:
-        for k in own:                                   # this process's share, meanwhile
+        for k in sorted(own + unforked):                # this process's share, meanwhile
             here(k)
         missing |= _collect(workers, on_result)
     finally:
@@ -142,7 +142,9 @@ def _compiler_locks() -> list:
     return [numba_lock, cuda_lock] if cuda_lock is not numba_lock else [numba_lock]
 
 
-def _fork_workers(jobs, shares, lower, ship) -> list[_Worker]:
+def _fork_workers(jobs, shares, lower, ship) -> tuple[list[_Worker], list[int]]:
+    """(the workers forked, one per share; the jobs of shares no worker took: the system refused a
+    pipe or a process, and this process lowers them)."""
     workers: list[_Worker] = []
     locks = _compiler_locks()
     before = types_abstract._autoincr()     # every type that exists now has a smaller code
@@ -151,13 +153,23 @@ def _fork_workers(jobs, shares, lower, ship) -> list[_Worker]:
     try:
         sys.stdout.flush()      # a worker's copy of these buffers must be empty (nothing printed twice)
         sys.stderr.flush()
-        for share in shares:
-            read_fd, write_fd = os.pipe()
-            with warnings.catch_warnings():
-                # Python 3.12+ warns about fork() with other threads alive: the workers run no
-                # thread and never take a lock another thread of this process may hold (above)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+        for n, share in enumerate(shares):
+            try:
+                read_fd, write_fd = os.pipe()
+                try:
+                    with warnings.catch_warnings():
+                        # Python 3.12+ warns about fork() with other threads alive: the workers run
+                        # no thread and never take a lock another thread of this process may hold
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        pid = os.fork()
+                except OSError:
+                    os.close(read_fd)
+                    os.close(write_fd)
+                    raise
+            except OSError as e:    # out of processes or descriptors: the rest lowers here
+                log.debug("qd_numba: no compile worker (%s); %d task(s) lower in this process", e,
+                          sum(len(s) for s in shares[n:]))
+                return workers, sorted(k for s in shares[n:] for k in s)
             if pid == 0:                                # the worker
                 os.close(read_fd)
                 _worker_main(write_fd, jobs, share, lower, ship, before)   # never returns
@@ -170,7 +182,7 @@ def _fork_workers(jobs, shares, lower, ship) -> list[_Worker]:
     finally:
         for lock in reversed(locks):
             lock.release()
-    return workers
+    return workers, []
 
 
 def _worker_main(fd: int, jobs, share, lower, ship, before: int) -> None:

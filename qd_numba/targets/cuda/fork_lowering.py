@@ -18,11 +18,11 @@ compiling process still holds them), a function type made in the worker by the v
 (resolved again here), anything else by pickling. A task whose result cannot be sent, a worker
 that fails, dies or sends nothing for :data:`STALL_SECONDS`, a fork the system refuses: those
 tasks lower in the compiling process afterwards, as without workers, so an error is raised
-exactly as the serial path raises
-it. Workers never call NVVM, nvJitLink or the CUDA driver, never write to stdout/stderr (in a
-notebook those are the kernel's sockets), and the fork happens under Numba's compiler locks, so no
-thread of this process is inside Numba's compiler when it forks. Forking copies the process's page
-tables: a process holding many gigabytes spends a few milliseconds per worker on it.
+exactly as the serial path raises it. Workers never call NVVM, nvJitLink or the CUDA driver,
+never write to stdout/stderr (in a notebook those are the kernel's sockets), and the fork happens
+under Numba's compiler locks, so no thread of this process is inside Numba's compiler when it
+forks. Forking copies the process's page tables: a process holding many gigabytes spends a few
+milliseconds per worker on it.
 
 Linux only (``fork`` without ``exec`` is not safe on macOS, absent on Windows); never for debug
 compiles (their exception tables stay in the process that lowered the task) or printed IR;

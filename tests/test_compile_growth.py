@@ -346,3 +346,40 @@ def test_a_cpu_process_never_imports_numba_cuda(rng):
     values = [repr(float(v)) for v in rng.uniform(-1, 1, 8)]
     proc = subprocess.run([sys.executable, "-c", code, *values], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):
+    """Every ``x[i] += v`` goes through one overload (lowering/subscripts.py ``atomic_update``)
+    whose op is a string constant. Numba offers an overload the unliteral op first: an
+    implementation compiled for that fails (the op must be known), is never cached, and was
+    compiled again at every typing of every call site (144 failed compiles in one FEM kernel).
+    Counted: the implementation's compiles for a kernel of many update sites."""
+    from numba.core import compiler
+
+    counted = []
+    real = compiler.CompilerBase.compile_extra
+
+    def compile_extra(self, func):
+        if "atomic_update" in getattr(func, "__qualname__", ""):
+            counted.append(tuple(self.state.args))
+        return real(self, func)
+
+    monkeypatch.setattr(compiler.CompilerBase, "compile_extra", compile_extra)
+    total = qd.field(qd.f32, shape=())
+    hist = qd.field(qd.i32, shape=(8,))
+    x = qd.field(qd.f32, shape=(N,))
+
+    @qd.kernel
+    def scatter():
+        for i in x:
+            for j in qd.static(range(6)):       # 6 sites per statement below, unrolled
+                hist[(i + j) % 8] += 1
+                total[None] += x[i] * (j + 1)
+
+    data = rng.uniform(-1, 1, N).astype(np.float32)
+    x.from_numpy(data)
+    scatter()
+    np.testing.assert_array_equal(hist.to_numpy(), np.bincount((np.arange(N)[:, None] + np.arange(6)).ravel() % 8,
+                                                               minlength=8))
+    np.testing.assert_allclose(total[None], float(np.sum(data) * 21), rtol=1e-4, atol=1e-4)
+    assert counted and len(counted) == len(set(counted)), counted    # each signature once

@@ -112,7 +112,10 @@ def _as_index_tuple(i):
 
 @overload(atomic_update)
 def _atomic_update(base, index, value, op):
-    if not _is_data(base):
+    # the op is a string constant: Numba offers it unliteral first, and an implementation for
+    # that would be compiled only to fail in element_atomic, at every typing of every call site
+    # (never cached: 144 failed compiles in one FEM kernel); declining costs nothing
+    if not _is_data(base) or not isinstance(op, types.StringLiteral):
         return None
     if _is_matrix(value) and _layout_has_elements(base):
         def impl_vec(base, index, value, op):
@@ -156,7 +159,7 @@ def _layout_has_elements(ty):
 
 @overload(nested_atomic)
 def _nested_atomic(base, outer_index, inner_index, value, op):
-    if not _is_data(base):
+    if not _is_data(base) or not isinstance(op, types.StringLiteral):   # as _atomic_update
         return None
 
     def impl(base, outer_index, inner_index, value, op):

@@ -109,6 +109,8 @@ def lower_in_processes(jobs: Sequence[Any], costs: Sequence[int], processes: int
         on_result(k, shipped)
 
     here(0)
+    if missing:     # the first task fails: the caller raises its error before any other task lowers
+        return set(range(len(jobs)))
     rest = list(range(1, len(jobs)))
     shares = [[rest[j] for j in share] for share in share_out([costs[k] for k in rest], processes)]
     own, worker_shares = shares[0], [s for s in shares[1:] if s]

@@ -308,3 +308,13 @@ def test_kernels_lowered_by_workers_compute_numpys_values(rng, monkeypatch):
     np.testing.assert_allclose(f.to_numpy(), fx * m, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(g.to_numpy(), gx * m + 1.0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, float(np.sum(fx * m)) + m, rtol=1e-4)
+
+
+def test_workers_fork_without_stdout(monkeypatch, forks):
+    """Under pythonw (or a host that closed them) sys.stdout/stderr are None: nothing to flush."""
+    serial = _compile(1)
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stderr", None)
+    forked = _compile(3)
+    monkeypatch.undo()
+    assert forks and forked == serial

@@ -154,8 +154,11 @@ def _fork_workers(jobs, shares, lower, ship) -> tuple[list[_Worker], list[int]]:
     for lock in locks:
         lock.acquire()
     try:
-        sys.stdout.flush()      # a worker's copy of these buffers must be empty (nothing printed twice)
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):     # a worker's copy of their buffers must be empty
+            try:                                    # (nothing printed twice); None under pythonw
+                stream.flush()
+            except Exception:
+                pass
         for n, share in enumerate(shares):
             try:
                 read_fd, write_fd = os.pipe()

@@ -116,9 +116,11 @@ def lower_in_processes(jobs: Sequence[Any], costs: Sequence[int], processes: int
     own, worker_shares = shares[0], [s for s in shares[1:] if s]
     workers, unforked = _fork_workers(jobs, worker_shares, lower, ship)
     try:
-        for k in sorted(own + unforked):                # this process's share, meanwhile
+        collector = _Collector(workers, on_result)
+        for k in sorted(own + unforked):                # this process's share, meanwhile,
             here(k)
-        missing |= _collect(workers, on_result)
+            collector.read(0)       # workers' results start NVVM as soon as they are there
+        missing |= collector.finish()
     finally:
         _stop(workers)
     for worker in workers:
@@ -283,20 +285,26 @@ def _dumps(obj, before: int) -> bytes:
     return out.getvalue()
 
 
-def _collect(workers: list[_Worker], on_result) -> set[int]:
-    """Read every worker's messages until all are done; jobs of a failed worker or a message that
-    does not load are returned (lowered again by the caller)."""
-    missing: set[int] = set()
-    known: dict = {}
-    open_workers = {w.fd: w for w in workers}
-    poller = select.poll()
-    for fd in open_workers:
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    while open_workers:
-        events = poller.poll(1000)
+class _Collector:
+    """Reads the workers' messages as they arrive and hands each result on; ``missing``: jobs
+    whose worker sent them as failed (lowered again by the caller). A message that does not load
+    leaves its job pending; so does a worker that stops early or stalls."""
+
+    def __init__(self, workers: list[_Worker], on_result):
+        self.on_result = on_result
+        self.missing: set[int] = set()
+        self.known: dict = {}      # interning code -> type of this process (filled at first need)
+        self.open = {w.fd: w for w in workers}
+        self.poller = select.poll()
+        for fd in self.open:
+            self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
+    def read(self, timeout_ms: int) -> None:
+        """One round: what has arrived within ``timeout_ms`` (0: only what is there now)."""
+        events = self.poller.poll(timeout_ms)
         now = time.monotonic()
         for fd, _event in events:
-            worker = open_workers[fd]
+            worker = self.open[fd]
             try:
                 chunk = os.read(fd, 1 << 20)
             except BlockingIOError:
@@ -304,18 +312,23 @@ def _collect(workers: list[_Worker], on_result) -> set[int]:
             if chunk:
                 worker.buffer += chunk
                 worker.last = now
-                missing |= _messages(worker, on_result, known)
+                self.missing |= _messages(worker, self.on_result, self.known)
                 continue
-            poller.unregister(fd)           # end of file: the worker is done
-            del open_workers[fd]
-        for fd, worker in list(open_workers.items()):
+            self.poller.unregister(fd)      # end of file: the worker is done
+            del self.open[fd]
+        for fd, worker in list(self.open.items()):
             if now - worker.last > STALL_SECONDS:
                 log.warning("qd_numba: a compile worker (pid %d) sent nothing for %.0f s; its %d task(s) "
                             "lower in this process", worker.pid, STALL_SECONDS, len(worker.pending))
-                poller.unregister(fd)
-                del open_workers[fd]
+                self.poller.unregister(fd)
+                del self.open[fd]
                 _kill(worker)
-    return missing
+
+    def finish(self) -> set[int]:
+        """Read until every worker is done or stopped."""
+        while self.open:
+            self.read(1000)
+        return self.missing
 
 
 def _messages(worker: _Worker, on_result, known: dict) -> set[int]:

@@ -318,3 +318,33 @@ def test_workers_fork_without_stdout(monkeypatch, forks):
     forked = _compile(3)
     monkeypatch.undo()
     assert forks and forked == serial
+
+
+def test_a_failing_first_task_forks_nothing(forks):
+    """The first independent task lowers before any fork: when it fails, its error is raised as
+    the serial path raises it and no worker is started."""
+    from qd_numba.targets.cuda.plan import compile_check
+
+    f = qd.field(qd.f32, shape=N)
+
+    @qd.kernel
+    def broken_first():
+        for i in f:
+            f[i] = njit_callee(f[i], 1.0, 2.0)     # a typing error in the first task
+        for i in f:
+            f[i] = f[i] * 2.0
+        for i in f:
+            f[i] = f[i] - 1.0
+
+    messages = []
+    for processes in (1, 3):
+        saved = config.current.compile_processes
+        config.current.compile_processes = processes
+        try:
+            with pytest.raises(Exception) as info:
+                compile_check(broken_first, {}, {})
+        finally:
+            config.current.compile_processes = saved
+        messages.append((type(info.value), str(info.value)))
+    assert messages[0] == messages[1] and "njit_callee" in messages[0][1]
+    assert not forks and not forks.shares

@@ -5,6 +5,7 @@ the serial path raises; the choice of processes and how tasks are shared out."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -100,17 +101,32 @@ def _compile(processes: int):
     """Per kernel: [(normalised PTX, entry name, parameter layout, task params, unit types)]."""
     from qd_numba.targets.cuda.plan import compile_check
 
+    with _processes(processes):
+        _fields, programs = _programs()
+        return [[(_normal_ptx(c.ptx), c.entry_name, c.param_layout, tuple(tk.params), dict(unit.types))
+                 for unit, tk, c in compile_check(kernel, params, {})] for kernel, params in programs]
+
+
+@contextlib.contextmanager
+def _processes(processes: int):
     saved = config.current.compile_processes
     config.current.compile_processes = processes
     try:
-        _fields, programs = _programs()
-        out = []
-        for kernel, params in programs:
-            out.append([(_normal_ptx(c.ptx), c.entry_name, c.param_layout, tuple(tk.params), dict(unit.types))
-                        for unit, tk, c in compile_check(kernel, params, {})])
-        return out
+        yield
     finally:
         config.current.compile_processes = saved
+
+
+def _errors_with_and_without_workers(kernel) -> list:
+    """(exception type, message) of compiling ``kernel`` in one process, then with workers."""
+    from qd_numba.targets.cuda.plan import compile_check
+
+    messages = []
+    for processes in (1, 3):
+        with _processes(processes), pytest.raises(Exception) as info:
+            compile_check(kernel, {}, {})
+        messages.append((type(info.value), str(info.value)))
+    return messages
 
 
 class Forks(list):
@@ -204,8 +220,6 @@ def test_a_refused_fork_lowers_the_tasks_here(monkeypatch, forks):
 
 
 def test_a_task_error_is_the_serial_paths_error(forks):
-    from qd_numba.targets.cuda.plan import compile_check
-
     f = qd.field(qd.f32, shape=N)
 
     @qd.kernel
@@ -219,16 +233,7 @@ def test_a_task_error_is_the_serial_paths_error(forks):
         for i in f:
             f[i] = f[i] - 1.0
 
-    messages = []
-    for processes in (1, 3):
-        saved = config.current.compile_processes
-        config.current.compile_processes = processes
-        try:
-            with pytest.raises(Exception) as info:
-                compile_check(broken, {}, {})
-        finally:
-            config.current.compile_processes = saved
-        messages.append((type(info.value), str(info.value)))
+    messages = _errors_with_and_without_workers(broken)
     assert forks
     assert messages[0] == messages[1]
     assert "njit_callee" in messages[0][1]
@@ -323,8 +328,6 @@ def test_workers_fork_without_stdout(monkeypatch, forks):
 def test_a_failing_first_task_forks_nothing(forks):
     """The first independent task lowers before any fork: when it fails, its error is raised as
     the serial path raises it and no worker is started."""
-    from qd_numba.targets.cuda.plan import compile_check
-
     f = qd.field(qd.f32, shape=N)
 
     @qd.kernel
@@ -336,15 +339,6 @@ def test_a_failing_first_task_forks_nothing(forks):
         for i in f:
             f[i] = f[i] - 1.0
 
-    messages = []
-    for processes in (1, 3):
-        saved = config.current.compile_processes
-        config.current.compile_processes = processes
-        try:
-            with pytest.raises(Exception) as info:
-                compile_check(broken_first, {}, {})
-        finally:
-            config.current.compile_processes = saved
-        messages.append((type(info.value), str(info.value)))
+    messages = _errors_with_and_without_workers(broken_first)
     assert messages[0] == messages[1] and "njit_callee" in messages[0][1]
     assert not forks and not forks.shares

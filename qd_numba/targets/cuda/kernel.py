@@ -159,33 +159,34 @@ class CudaKernel(KernelBackend):
         # on a stream, and up to the launch (graphs): made at their first use (a compile() less
         # in a process's first call, docs/compile_time.md)
         self._rare_paths = (args, views, body, ns)
+        self._call_on = self._prepare = None
         return ns["call"]
 
-    def _rare(self, name):
-        """``call_on`` or ``prepare`` of this kernel's call path (generated once, when first used)."""
-        fn = self.__dict__.get("_" + name)
-        if fn is None:
-            args, views, body, ns = self._rare_paths
-            head, tail = {
-                "call_on": (f"def call_on(stream, nonblocking, {', '.join(args)}):",
-                            [f"    return plan.on_stream()(stream, nonblocking, {', '.join(args + views)})"]),
-                "prepare": (f"def prepare({', '.join(args)}):",
-                            ["    if plan.graph is None: return plan, None",
-                             f"    return plan, plan.prepare()({', '.join(args + views)})"]),
-            }[name]
-            src = "\n".join([head, *(f"    {line}" for line in body), *tail]) + "\n"
-            exec_generated(src, f"cuda {name} {self.kernel.qualname}", ns)
-            fn = self.__dict__["_" + name] = ns[name]
-        return fn
+    def _make_rare(self, name):
+        """Generate ``call_on`` or ``prepare`` of this kernel's call path (at its first use) and
+        keep it as ``self._<name>``."""
+        args, views, body, ns = self._rare_paths
+        head, tail = {
+            "call_on": (f"def call_on(stream, nonblocking, {', '.join(args)}):",
+                        [f"    return plan.on_stream()(stream, nonblocking, {', '.join(args + views)})"]),
+            "prepare": (f"def prepare({', '.join(args)}):",
+                        ["    if plan.graph is None: return plan, None",
+                         f"    return plan, plan.prepare()({', '.join(args + views)})"]),
+        }[name]
+        src = "\n".join([head, *(f"    {line}" for line in body), *tail]) + "\n"
+        exec_generated(src, f"cuda {name} {self.kernel.qualname}", ns)
+        setattr(self, "_" + name, ns[name])
+        return ns[name]
 
     def call_on_stream(self, handle, args):
         """The call path with the launch on stream ``handle`` (LaunchPlan.on_stream)."""
-        return self._rare("call_on")(handle, CudaRuntime.get().stream_nonblocking(handle), *args)
+        call_on = self._call_on or self._make_rare("call_on")
+        return call_on(handle, CudaRuntime.get().stream_nonblocking(handle), *args)
 
     def prepare(self, args):
         """(plan, dirty node bits) of these arguments: the call path up to the launch (the plan's
         cells written, nothing launched; dirty is None when the plan has no graph)."""
-        return self._rare("prepare")(*args)
+        return (self._prepare or self._make_rare("prepare"))(*args)
 
     def do_while_loop(self, kernel):
         """The device-side runner of the ``qd.graph.do_while`` kernel whose first part is this

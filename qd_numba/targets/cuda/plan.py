@@ -438,7 +438,7 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py)."""
     from numba.cuda.descriptor import cuda_target
 
-    from .compile import DeviceCodegen, lower_task, rebuild_lowered, ship_lowered
+    from .compile import DeviceCodegen, lower_task
 
     plan_ir = state.task_plan
     debug = config.current.debug
@@ -464,8 +464,7 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
 
     lowered, pieces = [], []
     with codegen or DeviceCodegen(config.current.compile_threads) as device_codegen:
-        early = {} if codegen is not None else _lower_early(plan_ir.units, lower_unit, typer, device_codegen,
-                                                            rebuild_lowered, ship_lowered)
+        early = {} if codegen is not None else _lower_early(plan_ir.units, lower_unit, typer, device_codegen)
         for k, unit in enumerate(plan_ir.units):
             if k in early:      # lowered by a worker, already finishing on the pool
                 tk, task, stored, piece, started = early.pop(k)
@@ -485,12 +484,13 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
 
 
-def _lower_early(units, lower_unit, typer, device_codegen, rebuild, ship_task) -> dict:
+def _lower_early(units, lower_unit, typer, device_codegen) -> dict:
     """``unit index -> (task IR stand-in, lowered task, stored types, label types, started)`` of
     the units that load no temporary, lowered on worker processes (fork_lowering.py) and
     started on the device-codegen pool as they arrive; {} where workers are not used. A unit no
     worker delivered is left out: :func:`compile_tasks` lowers it in program order."""
     from . import fork_lowering
+    from .compile import rebuild_lowered, ship_lowered
 
     jobs = [k for k, unit in enumerate(units) if not unit.loads]
     processes = fork_lowering.processes_for(len(jobs))
@@ -499,13 +499,13 @@ def _lower_early(units, lower_unit, typer, device_codegen, rebuild, ship_task) -
 
     def ship(result):
         tk, task, stored, piece = result
-        return tk.params, ship_task(task), stored, typer.label_types(piece)
+        return tk.params, ship_lowered(task), stored, typer.label_types(piece)
 
     early = {}
 
     def on_result(j, shipped):
         params, task_data, stored, label_types = shipped
-        task = rebuild(task_data)
+        task = rebuild_lowered(task_data)
         early[jobs[j]] = (TaskIR(units[jobs[j]], None, list(params)), task, stored, label_types,
                           device_codegen.start(task))
 

@@ -275,9 +275,11 @@ def test_share_out_balances_costs(rng):
 def test_types_cross_the_pipe_by_code_or_by_value():
     from numba.cuda.descriptor import cuda_target
 
+    ctx = cuda_target.typing_context
+    ctx.refresh()       # numba-cuda loads its typing registries at first use
     existing = types.Array(types.float32, 2, "C")
     before = numba.core.types.abstract._autoincr()
-    made_later = cuda_target.typing_context.resolve_value_type(np.hypot)   # a function type
+    made_later = ctx.resolve_value_type(np.hypot)   # a function type made after the "fork"
     tup = types.Tuple([existing, types.int64])
     data = fork_lowering._dumps((existing, made_later, tup), before)
     got = fork_lowering._TypeUnpickler(io.BytesIO(data), {}).load()

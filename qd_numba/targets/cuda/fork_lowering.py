@@ -273,7 +273,9 @@ def _function_type(value):
     """The Numba function type of ``value`` in this process (a worker made it; unpickling)."""
     from numba.cuda.descriptor import cuda_target
 
-    ty = cuda_target.typing_context.resolve_value_type(value)
+    ctx = cuda_target.typing_context
+    ctx.refresh()       # loaded already where a task was lowered; at no cost then
+    ty = ctx.resolve_value_type(value)
     if not isinstance(ty, types.Function):
         raise pickle.UnpicklingError(f"{value!r} types as {ty}, not a function")
     return ty

@@ -55,7 +55,8 @@ from .errors import QuadrantsWarning
 from .field import ArrayData
 from .frontend.keys import CODE_CONFIG, code_key, value_key
 
-FORMAT = 2                  # bump when the entry layout changes (2: CPU entries take a field table)
+FORMAT = 3                  # bump when the entry layout or the code generated changes (2: CPU entries take a
+                            # field table; 3: CUDA grid-stride loops without a trip count)
 SUFFIX = ".qdc"
 _LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")
 _MAX_NODES = 20_000         # a bigger snapshot is uncacheable (a huge object graph reached by name)

@@ -4,6 +4,8 @@ GPU targets reject. The numbers are checked against independent Python/numpy ref
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from numba.core import types
@@ -170,3 +172,111 @@ def test_every_range_for_task_takes_ctx_and_tmp_first():
     assert tk.params == ["a", "b"]
     names = [s.arg_name for s in c.param_layout]
     assert names[:2] == ["qd_ctx", "qd_tmp"] and names.count("a") == 7 and names.count("b") == 7
+
+
+# -- the grid-stride loop (lowering/device.py GridRange) -------------------------------------------------
+
+ys = qd.field(qd.f32, shape=(64,))
+
+
+@qd.kernel
+def scale_into(k: qd.f32):
+    for i in xs:
+        ys[i] = xs[i] * k
+
+
+@qd.kernel
+def skip_and_window():
+    for i in xs:
+        if xs[i] < 0.0:
+            continue
+        s = 0.0
+        for j in range(4):
+            s += xs[(i + j) % 64]
+        ys[i] = s
+
+
+@qd.kernel
+def field_sum():
+    for i in xs:
+        total[None] += xs[i]
+
+
+def _f32_loads(ptx):
+    return len(re.findall(r"\bld(?:\.global)?(?:\.nc)?\.f32\b", ptx))
+
+
+def test_grid_stride_loops_have_no_trip_count_and_stay_rolled():
+    """A task's grid-stride loop computes no trip count (no 64-bit division per thread) and is not
+    unrolled; a constant loop in its body still is; a reduction keeps Numba's range, whose trip
+    count lets NVVM unroll it (several loads in flight per thread)."""
+    (_, _, plain), = _split(scale_into, {"k": types.float32})[2]
+    assert "div." not in plain.ptx and _f32_loads(plain.ptx) == 1
+    (_, _, window), = _split(skip_and_window, {})[2]
+    assert "div." not in window.ptx
+    assert _f32_loads(window.ptx) == 5          # xs[i] once, the 4-step window unrolled
+    (_, _, summed), = _split(field_sum, {})[2]
+    assert "div." in summed.ptx and _f32_loads(summed.ptx) >= 4
+
+
+def test_every_back_edge_of_the_grid_loop_is_marked():
+    """``continue`` makes a second latch: both carry the loop id, the inner loop's latch none."""
+    from llvmlite import ir as llir
+
+    from qd_numba.lowering import device
+
+    mod = llir.Module()
+    fn = llir.Function(mod, llir.FunctionType(llir.VoidType(), [llir.IntType(1)] * 2), "f")
+    entry, head, body, inner, tail, done = (fn.append_basic_block(n) for n in
+                                            ("entry", "head", "body", "inner", "tail", "done"))
+    b = llir.IRBuilder(entry)
+    b.branch(head)
+    b.position_at_end(head)
+    b.cbranch(fn.args[0], body, done)
+    b.position_at_end(body)
+    b.cbranch(fn.args[1], head, inner)          # continue
+    b.position_at_end(inner)
+    b.cbranch(fn.args[1], inner, tail)          # an inner loop
+    b.position_at_end(tail)
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+    fn._qd_grid_headers = [head]
+    assert device.keep_grid_loops_rolled(fn) == 2
+    marked = [blk.name for blk in fn.blocks if "llvm.loop" in blk.terminator.metadata]
+    assert marked == ["body", "tail"]
+    text = str(mod)
+    loop_id = re.search(r"!llvm.loop (!\d+)", text).group(1)
+    assert re.search(rf"{loop_id} = !{{ {loop_id}, (!\d+) }}", text)       # refers to itself
+    assert '!"llvm.loop.unroll.disable"' in text
+    assert device.keep_grid_loops_rolled(fn) == 0     # the headers are consumed
+
+
+@pytest.mark.cuda
+def test_grid_stride_loops_compute_numpys_values(rng):
+    """Loops far longer than the saturating grid (each thread iterates), shorter than a block,
+    empty, with ``continue`` and a reduction, against numpy on the GPU."""
+    @qd.kernel
+    def shaped(a: qd.types.ndarray(dtype=qd.f32, ndim=1), b: qd.types.ndarray(dtype=qd.f32, ndim=1), n: qd.i32):
+        for i in range(n):
+            if a[i] < -0.5:
+                continue
+            b[i] = a[i] * 2.0 + 1.0
+
+    @qd.kernel
+    def summed(a: qd.types.ndarray(dtype=qd.f32, ndim=1), n: qd.i32) -> qd.f32:
+        s = 0.0
+        for i in range(n):
+            s += a[i]
+        return s
+
+    size = 3_000_001
+    a = rng.uniform(-1, 1, size).astype(np.float32)
+    for n in (0, 1, 97, int(rng.integers(1000, 5000)), size):
+        b = rng.uniform(-1, 1, size).astype(np.float32)
+        want = b.copy()
+        keep = a[:n] >= -0.5
+        want[:n][keep] = a[:n][keep] * 2.0 + 1.0
+        shaped(a, b, n)
+        np.testing.assert_array_equal(b, want)
+        assert summed(a, n) == pytest.approx(float(np.sum(a[:n], dtype=np.float64)), rel=1e-4, abs=1e-3)

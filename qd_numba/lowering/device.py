@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from llvmlite import ir as llir
 from numba.core import cgutils, types
-from numba.core.imputils import lower_constant
+from numba.core.imputils import lower_builtin, lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
 
 from .array_struct import array_struct
@@ -81,6 +81,115 @@ def grid_stride(typingctx):
     def codegen(context, builder, sig, args):
         return builder.mul(_sreg(builder, "nctaid.x"), _sreg(builder, "ntid.x"))
     return types.int64(), codegen
+
+
+# -- the grid-stride loop of a range-for task ---------------------------------------------------------
+
+class GridRange(types.SimpleIteratorType):
+    """The iteration of a range-for task kernel's grid-stride loop: ``i = start; while i < stop:
+    ...; i += step`` over int64, every back edge marked not to unroll
+    (:func:`keep_grid_loops_rolled`). Numba's ``range`` computes the trip count up front, a
+    64-bit division per thread that also lets NVVM unroll the loop 4x with a remainder loop:
+    2-3x the NVVM + nvJitLink time of a whole one-statement task (docs/compile_time.md), and no
+    faster for independent iterations, which a thread of a saturating grid runs one after another
+    at full occupancy either way."""
+
+    def __init__(self):
+        super().__init__("qd.grid_range", types.int64)
+
+
+grid_range_type = GridRange()
+
+
+@register_model(GridRange)
+class _GridRangeModel(models.StructModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, [("index", types.CPointer(types.int64)), ("stop", types.int64),
+                                        ("step", types.int64)])
+
+
+@intrinsic
+def grid_range(typingctx, start, stop, step):
+    """The grid-stride iteration from ``start`` below ``stop`` by ``step`` (positive), rolled."""
+    if not all(isinstance(t, types.Integer) for t in (start, stop, step)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        start, stop, step = (context.cast(builder, v, t, types.int64) for v, t in zip(args, sig.args))
+        it = cgutils.create_struct_proxy(grid_range_type)(context, builder)
+        it.index = cgutils.alloca_once_value(builder, start)
+        it.stop, it.step = stop, step
+        return it._getvalue()
+
+    return grid_range_type(start, stop, step), codegen
+
+
+@lower_builtin("getiter", GridRange)
+def _grid_range_iter(context, builder, sig, args):
+    return args[0]
+
+
+@lower_builtin("iternext", GridRange)
+def _grid_range_next(context, builder, sig, args):
+    # (not numba's iternext_impl decorator: numba-cuda installs only implementations whose
+    # module is outside numba from numba's registry, and the decorator's wrapper is numba's)
+    it = cgutils.create_struct_proxy(grid_range_type)(context, builder, value=args[0])
+    # the loop's header: the back edges to it are found once the task is lowered
+    headers = builder.function.__dict__.setdefault("_qd_grid_headers", [])
+    if builder.block not in headers:
+        headers.append(builder.block)
+    index = builder.load(it.index)
+    valid = builder.icmp_signed("<", index, it.stop)
+    builder.store(builder.add(index, it.step), it.index)
+    pair = context.make_helper(builder, sig.return_type)
+    pair.first, pair.second = index, valid
+    return pair._getvalue()
+
+
+def keep_grid_loops_rolled(function) -> int:
+    """Mark every back edge to a grid-stride loop's header in ``function`` (an llvmlite function
+    whose lowering recorded its headers) with ``llvm.loop.unroll.disable``; returns how many
+    branches were marked. Unrolling a loop of independent iterations only adds code (and the
+    trip-count division it needs): at full occupancy the warps hide each thread's latency either
+    way (saxpy, a copy, a stencil: as fast or faster on an H100, bench/results/session12.md). Loops
+    inside the body keep NVVM's unrolling. A branch to the header is a back edge when the header dominates
+    it: when the branch's block is unreachable from the entry without passing the header."""
+    headers = function.__dict__.pop("_qd_grid_headers", ())
+    if not headers or not function.blocks:
+        return 0
+    marked = 0
+    for header in headers:
+        before_header, work = {function.blocks[0]}, [function.blocks[0]]
+        while work:
+            block = work.pop()
+            if block is header:
+                continue
+            for succ in _successors(block):
+                if succ not in before_header:
+                    before_header.add(succ)
+                    work.append(succ)
+        latches = [b for b in function.blocks
+                   if (b is header or b not in before_header) and header in _successors(b)]
+        if not latches:
+            continue
+        module = function.module
+        disable = module.add_metadata([llir.MetaDataString(module, "llvm.loop.unroll.disable")])
+        # a node of its own (unique first operand), then made to refer to itself as a loop id must
+        loop_id = module.add_metadata([llir.MetaDataString(module, f"qd.grid_loop.{id(header)}"), disable])
+        loop_id.operands = (loop_id, disable)
+        for b in latches:
+            b.terminator.set_metadata("llvm.loop", loop_id)
+            marked += 1
+    return marked
+
+
+def _successors(block):
+    term = block.terminator
+    if term is None:
+        return ()
+    if isinstance(term, llir.SwitchInstr):
+        return (term.default, *(dest for _, dest in term.cases))
+    return tuple(op for op in term.operands if isinstance(op, llir.Block))
 
 
 def c_strides(shape, itemsize):

@@ -87,6 +87,10 @@ class TaskABI:
         (``step`` None: 1)."""
         raise NotImplementedError
 
+    def loop_range(self, state, unit):
+        """What a range-for task's flat index iterates: called with ``(start, stop[, step])``."""
+        return range
+
     def store_live_outs(self, state, unit, emit: Emitter, leading: list) -> None:
         """A serial task's exit: store what later tasks read."""
 
@@ -159,7 +163,8 @@ def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
     if unit.kind == "range_for":
         lp = unit.loop
         start, stop, step = abi.flat_range(state, unit, emit, lead_vars)
-        rng = emit.glob(range, "range")
+        loop_range = abi.loop_range(state, unit)
+        rng = emit.glob(loop_range, loop_range.__name__)
         call = emit.assign(ir.Expr.call(rng, [start, stop] + ([step] if step is not None else []), (), loc),
                            emit.var("$qd_range_call"))
         it = emit.assign(ir.Expr.getiter(call, loc), emit.var("$qd_iter"))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import profiler
+from ...lowering import device
 
 __all__ = [
     "CompiledCudaTask",
@@ -664,6 +665,7 @@ def lower_task(
                 kernel = lib.get_function(entry)
                 lib._entry_name = entry
                 cc_mod.kernel_fixup(kernel, debug or exceptions)
+                device.keep_grid_loops_rolled(kernel)
                 nvvm.set_launch_bounds(kernel, launch_bounds)
                 if lib.use_cooperative:
                     lib.needs_cudadevrt = True

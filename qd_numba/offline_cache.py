@@ -50,7 +50,7 @@ import warnings
 
 import numpy as np
 
-from . import config
+from . import config, generated_code
 from .errors import QuadrantsWarning
 from .field import ArrayData
 from .frontend.keys import CODE_CONFIG, code_key, value_key
@@ -58,6 +58,7 @@ from .frontend.keys import CODE_CONFIG, code_key, value_key
 FORMAT = 3                  # bump when the entry layout or the code generated changes (2: CPU entries take a
                             # field table; 3: CUDA grid-stride loops without a trip count)
 SUFFIX = ".qdc"
+CODE_SUFFIX = ".qdg"          # generated Python's code objects (generated_code.py)
 _LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")
 _MAX_NODES = 20_000         # a bigger snapshot is uncacheable (a huge object graph reached by name)
 _MAX_ITEMS = 256            # items of a tuple/list/dict followed
@@ -298,10 +299,11 @@ class Lookup:
     key: str
     arrays: dict            # path -> field/ndarray
     root: str
+    suffix: str = SUFFIX
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, version_tag(), self.key[:2], self.key + SUFFIX)
+        return os.path.join(self.root, version_tag(), self.key[:2], self.key + self.suffix)
 
     def hidden_paths(self, hidden) -> list | None:
         """The snapshot path of each hidden field (in order), or None if one was not reached."""
@@ -386,9 +388,10 @@ def store(place: Lookup, payload, artefact) -> None:
         stats.writes += 1
 
 
-def _write(place: Lookup, data: bytes) -> bool:
+def _write(place: Lookup, data: bytes, clean_after: bool = True) -> bool:
     """Write ``data`` as the file of ``place``: a temporary file renamed under the directory's
-    lock, then the cleaning policy. False (and one warning per process) if it cannot be written."""
+    lock, then the cleaning policy (unless ``clean_after`` is False). False (and one warning per
+    process) if it cannot be written."""
     directory = os.path.dirname(place.path)
     tmp = None
     try:
@@ -399,7 +402,8 @@ def _write(place: Lookup, data: bytes) -> bool:
                 f.write(data)
             os.replace(tmp, place.path)
             tmp = None
-            clean(place.root)
+            if clean_after:
+                clean(place.root)
         return True
     except OSError as e:
         _warn_once(place.root, "write", f"cannot write to {place.root} ({e}); kernels compile in every process")
@@ -409,12 +413,12 @@ def _write(place: Lookup, data: bytes) -> bool:
             _remove(tmp)
 
 
-def load_blob(key: str):
+def load_blob(key: str, suffix: str = SUFFIX):
     """A process-independent artefact that is not a kernel (the CUDA launchers' object code),
     stored under ``key`` by :func:`store_blob`, or None. Kernel statistics are not counted. A
     file that is damaged (its checksum is verified: machine code is never loaded from a damaged
     file), foreign or of another version is removed with a warning."""
-    place = Lookup(key, {}, cache_root())
+    place = Lookup(key, {}, cache_root(), suffix)
     try:
         with open(place.path, "rb") as f:
             data = f.read()
@@ -431,11 +435,24 @@ def load_blob(key: str):
         return None
 
 
-def store_blob(key: str, value) -> None:
-    """Write ``value`` (picklable, holding nothing specific to this process) under ``key``."""
+def store_blob(key: str, value, suffix: str = SUFFIX, clean: bool = True) -> None:
+    """Write ``value`` (picklable, holding nothing specific to this process) under ``key``;
+    ``clean=False`` leaves the cleaning policy to the next write (small blobs written often)."""
     blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    _write(Lookup(key, {}, cache_root()),
-           pickle.dumps((versions(), key, (hashlib.sha256(blob).hexdigest(), blob)), protocol=pickle.HIGHEST_PROTOCOL))
+    _write(Lookup(key, {}, cache_root(), suffix),
+           pickle.dumps((versions(), key, (hashlib.sha256(blob).hexdigest(), blob)), protocol=pickle.HIGHEST_PROTOCOL),
+           clean)
+
+
+def _load_code(key: str) -> bytes | None:
+    return load_blob(key, CODE_SUFFIX)
+
+
+def _store_code(key: str, data: bytes) -> None:
+    store_blob(key, data, CODE_SUFFIX, clean=False)
+
+
+generated_code.keep_code_in(_load_code, _store_code)
 
 
 def _dir_lock(root: str):
@@ -464,7 +481,7 @@ def _entries(root: str) -> list:
     out = []
     for dirpath, _, files in os.walk(root):
         for name in files:
-            if name.endswith(SUFFIX) and not name.startswith(".tmp-"):
+            if name.endswith((SUFFIX, CODE_SUFFIX)) and not name.startswith(".tmp-"):
                 full = os.path.join(dirpath, name)
                 try:
                     st = os.stat(full)

@@ -1,14 +1,18 @@
-"""Generated Python (call paths, launch runners) shows its source in tracebacks and dumps."""
+"""Generated Python (call paths, launch runners) shows its source in tracebacks and dumps, and
+its code objects are kept in the offline cache."""
 
 from __future__ import annotations
 
 import linecache
+import marshal
 import traceback
+import warnings
 
 import numpy as np
+import pytest
 
 import qd_numba as qd
-from qd_numba import config
+from qd_numba import config, generated_code, offline_cache
 from qd_numba.generated_code import exec_generated
 
 
@@ -51,3 +55,90 @@ def test_dump_generated_prints_the_source(capsys):
         config.current.dump_generated = saved
     err = capsys.readouterr().err
     assert "=== qd_numba generated source <qd_numba test dump #" in err and "return 42" in err
+
+
+# -- code objects kept in the offline cache -------------------------------------------------------------
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    path = tmp_path / "qdcache"
+    qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=str(path))
+    generated_code._codes.clear()
+    yield path
+    generated_code._codes.clear()
+    qd.init(arch=qd.cpu)
+
+
+def _source(rng):
+    k = int(rng.integers(2, 1000))
+    return k, f"def scaled(x):\n    return x * {k} - 1 // (x - {k})\n"
+
+
+def _blobs(path):
+    return [p for p in path.rglob("*" + offline_cache.CODE_SUFFIX) if not p.name.startswith(".tmp-")]
+
+
+def test_a_later_process_loads_the_code_instead_of_compiling(cache_dir, rng, monkeypatch):
+    k, src = _source(rng)
+    first = exec_generated(src, "test cached", {})["scaled"]
+    assert first(3) == 3 * k - 1 // (3 - k) and len(_blobs(cache_dir)) == 1
+    generated_code._codes.clear()           # what a new process knows
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled although the offline cache holds the code")
+
+    monkeypatch.setattr(generated_code, "compile", no_compile, raising=False)
+    again = exec_generated(src, "test cached", {})["scaled"]
+    assert again(5) == 5 * k - 1 // (5 - k)
+    assert again.__code__.co_filename == first.__code__.co_filename
+    try:                                    # its traceback still shows the generated lines
+        again(k)
+    except ZeroDivisionError as e:
+        last = traceback.extract_tb(e.__traceback__)[-1]
+    else:
+        raise AssertionError("1 // 0 did not raise")
+    assert last.filename.startswith("<qd_numba test cached #") and last.line == f"return x * {k} - 1 // (x - {k})"
+
+
+def test_other_source_or_name_is_other_code(cache_dir, rng):
+    k, src = _source(rng)
+    a = exec_generated(src, "test one", {})["scaled"]
+    b = exec_generated(src.replace(f"* {k}", f"* {k + 1}"), "test one", {})["scaled"]
+    c = exec_generated(src, "test two", {})["scaled"]
+    assert (a(3), b(3), c(3)) == (3 * k - 1 // (3 - k), 3 * (k + 1) - 1 // (3 - k), 3 * k - 1 // (3 - k))
+    assert len({a.__code__.co_filename, b.__code__.co_filename, c.__code__.co_filename}) == 3
+    assert len(_blobs(cache_dir)) == 3
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "other code"])
+def test_a_damaged_entry_is_discarded_and_compiled_again(cache_dir, rng, damage):
+    k, src = _source(rng)
+    exec_generated(src, "test damaged", {})
+    (blob,) = _blobs(cache_dir)
+    data = blob.read_bytes()
+    if damage == "random bytes":
+        blob.write_bytes(rng.integers(0, 256, len(data), dtype=np.uint8).tobytes())
+    elif damage == "truncated":
+        blob.write_bytes(data[: len(data) // 2])
+    else:   # a well-formed entry holding the code of another source under this key
+        key = blob.name[: -len(offline_cache.CODE_SUFFIX)]
+        offline_cache.store_blob(key, marshal.dumps(compile("def scaled(x):\n    return -7\n", "<other>", "exec")),
+                                 offline_cache.CODE_SUFFIX)
+    generated_code._codes.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qd.QuadrantsWarning)
+        got = exec_generated(src, "test damaged", {})["scaled"]
+    assert got(3) == 3 * k - 1 // (3 - k)
+    generated_code._codes.clear()           # rewritten: the next process loads good code
+    assert exec_generated(src, "test damaged", {})["scaled"](4) == 4 * k - 1 // (4 - k)
+
+
+def test_without_the_offline_cache_nothing_is_written(tmp_path, rng):
+    path = tmp_path / "off"
+    qd.init(arch=qd.cpu, offline_cache=False, offline_cache_file_path=str(path))
+    try:
+        k, src = _source(rng)
+        assert exec_generated(src, "test off", {})["scaled"](3) == 3 * k - 1 // (3 - k)
+        assert not path.exists()
+    finally:
+        qd.init(arch=qd.cpu)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -87,7 +88,10 @@ def fresh_process(*namespaces, **options):
 
 
 def entries(path):
-    return sorted(p for p in path.rglob("*" + offline_cache.SUFFIX) if not p.name.startswith(".tmp-"))
+    """The kernel entries under ``path`` (content keys: 64 hex digits), not the blobs beside them
+    (the CUDA toolchain record a compile check writes, generated code)."""
+    return sorted(p for p in path.rglob("*" + offline_cache.SUFFIX)
+                  if re.fullmatch(r"[0-9a-f]{64}", p.name[: -len(offline_cache.SUFFIX)]))
 
 
 # -- hits ---------------------------------------------------------------------------------------------

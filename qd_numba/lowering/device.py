@@ -20,7 +20,7 @@ from numba.core import cgutils, types
 from numba.core.imputils import lower_builtin, lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
 
-from .array_struct import array_struct
+from .array_struct import abi_sizeof, array_struct
 
 TEMP_SLOT_BYTES = 64
 
@@ -224,7 +224,7 @@ def field_from_ctx(typingctx, ctx, slot, token):
         raw.set_metadata("invariant.load", builder.module.add_metadata([]))
         dtype_ll = context.get_data_type(arrty.dtype)
         data = builder.inttoptr(raw, dtype_ll.as_pointer())
-        itemsize = context.get_abi_sizeof(dtype_ll)
+        itemsize = abi_sizeof(context, dtype_ll)
         ary = array_struct(context, builder, arrty)
         intp = context.get_value_type(types.intp)
         context.populate_array(
@@ -247,7 +247,7 @@ def temp_store(typingctx, tmp, offset, value):
 
     def codegen(context, builder, sig, args):
         llty = context.get_value_type(sig.args[2])
-        if context.get_abi_sizeof(llty) > TEMP_SLOT_BYTES:
+        if abi_sizeof(context, llty) > TEMP_SLOT_BYTES:
             raise TypeError(f"a {sig.args[2]} value does not fit a {TEMP_SLOT_BYTES}-byte task temporary")
         base = builder.inttoptr(args[0], llir.IntType(8).as_pointer())
         ptr = builder.bitcast(builder.gep(base, [llir.Constant(llir.IntType(64), offset.literal_value)]),

@@ -30,7 +30,7 @@ from numba.extending import intrinsic, overload
 from ..errors import QuadrantsTypeError, typing_error
 from ..typing.field import FieldType
 from ..typing.matrix import MatrixType
-from .array_struct import array_struct
+from .array_struct import abi_sizeof, array_struct
 from .field import _layout, element_atomic
 from .matrix import matrix_from_tuple, matrix_to_tuple
 from .subscripts import as_index_tuple
@@ -292,7 +292,7 @@ def reduction_cell(typingctx, buf, k, like):
         i8p = llir.IntType(8).as_pointer()
         raw = builder.gep(builder.bitcast(src.data, i8p), [llir.IntType(64)(k.literal_value * CELL_BYTES)])
         dtype_ll = context.get_data_type(ty)
-        itemsize = context.get_abi_sizeof(dtype_ll)
+        itemsize = abi_sizeof(context, dtype_ll)
         intp = context.get_value_type(types.intp)
         ary = array_struct(context, builder, arrty)
         context.populate_array(ary, data=builder.bitcast(raw, dtype_ll.as_pointer()), shape=[intp(count)],

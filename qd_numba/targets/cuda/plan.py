@@ -95,7 +95,7 @@ class LaunchPlan:
         self.totals_fn = totals_fn
         self.static_totals = static_totals
         self.tmp_dev = tmp_dev
-        self.field_table = field_table      # the device table the context parameter points to
+        self.field_table = field_table      # the device table the context parameter points to (and tmp_dev)
         self.ret = ret                      # (byte offset, numpy dtype, element count) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
@@ -700,11 +700,9 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     order of its context slots), ``functions`` the (module, function) of each task's cubin,
     ``adstacks`` the adstacks of a gradient kernel (``CompileState.adstacks``; never cached)."""
     rt = CudaRuntime.get()
-    field_table = rt.field_table(fields)
-    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))]}
-    tmp_bytes = max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES
-    tmp_dev = rt.cuda.device_array(tmp_bytes, np.uint8)
-    cells[cuda_tasks.PARAM_TMP] = [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]
+    field_table, tmp_dev = rt.context_buffers(fields, max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES)
+    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))],
+             cuda_tasks.PARAM_TMP: [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]}
     for t in binary.tasks:
         for name in t.runtime_args:
             if name not in cells:  # same Numba type in every task -> same slots

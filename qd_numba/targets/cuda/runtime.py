@@ -472,14 +472,19 @@ class CudaRuntime:
         attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
         return int(_check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute(device ordinal)"))
 
-    def field_table(self, fields):
-        """A device table of the data pointers of ``fields`` (a kernel instance's fields, in the
-        order of its context slots). Field buffers never move, so the table is written once."""
+    def context_buffers(self, fields, tmp_bytes: int):
+        """A kernel instance's device buffers, in one allocation: the table of the data pointers
+        of ``fields`` (its fields, in the order of its context slots; field buffers never move,
+        so it is written once), then ``tmp_bytes`` of zeroed temporaries at the next 64-byte
+        boundary. Returns (the whole buffer, the temporaries' view)."""
         for f in fields:
             f.claim()           # a field of an earlier qd.init is our error (field.py)
             ensure_device(f)
-        host = np.array([f._dev.device_ctypes_pointer.value for f in fields] or [0], np.uint64)
-        return self.cuda.to_device(host)
+        head = -(-8 * max(1, len(fields)) // 64) * 64
+        host = np.zeros(head + tmp_bytes, np.uint8)
+        host[:8 * len(fields)].view(np.uint64)[:] = [f._dev.device_ctypes_pointer.value for f in fields]
+        buf = self.cuda.to_device(host)
+        return buf, buf[head:]
 
     def device_words(self, count: int):
         """A device buffer of ``count`` int64 words and its address (adstack heaps)."""

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import qd_numba as qd
-from qd_numba import profiler
+from qd_numba import config, profiler
 from qd_numba.passes import pipeline
 from qd_numba.passes.base import IRTools
 from qd_numba.passes.liveness import Liveness
@@ -357,14 +357,21 @@ def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):
     from numba.core import compiler
 
     counted = []
-    real = compiler.CompilerBase.compile_extra
+    compilers = [compiler]
+    if config.current.arch == "cuda":     # numba-cuda compiles the overloads of device code with its own
+        from numba.cuda.core import compiler as cuda_compiler
 
-    def compile_extra(self, func):
-        if "atomic_update" in getattr(func, "__qualname__", ""):
-            counted.append(tuple(self.state.args))
-        return real(self, func)
+        compilers.append(cuda_compiler)
 
-    monkeypatch.setattr(compiler.CompilerBase, "compile_extra", compile_extra)
+    def counting(real):
+        def compile_extra(self, func):
+            if "atomic_update" in getattr(func, "__qualname__", ""):
+                counted.append(tuple(self.state.args))
+            return real(self, func)
+        return compile_extra
+
+    for module in compilers:
+        monkeypatch.setattr(module.CompilerBase, "compile_extra", counting(module.CompilerBase.compile_extra))
     total = qd.field(qd.f32, shape=())
     hist = qd.field(qd.i32, shape=(8,))
     x = qd.field(qd.f32, shape=(N,))

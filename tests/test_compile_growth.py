@@ -348,6 +348,37 @@ def test_a_cpu_process_never_imports_numba_cuda(rng):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_cuda_code_generation_never_imports_scipy_linalg():
+    """numba-cuda's ``np.arraymath`` probes for scipy's BLAS at import (``scipy.linalg``: 374 ms of
+    a first CUDA kernel on the H100 host) for a path device code cannot take. A fresh process that
+    compiles a kernel for CUDA (the compile check: typing, lowering, NVVM, nvJitLink) does not
+    import it, numba-cuda sees no BLAS, and the probe is numba-cuda's own again afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("scipy.linalg")
+    code = (
+        "import sys\n"
+        "import qd_numba as qd\n"
+        "from qd_numba.targets.cuda.plan import compile_check\n"
+        "qd.init(arch=qd.cpu, offline_cache=False)\n"
+        "x = qd.field(qd.f32, shape=(8,))\n"
+        "@qd.kernel\n"
+        "def double():\n"
+        "    for i in x:\n"
+        "        x[i] = x[i] * 2.0\n"
+        "compile_check(double, {}, {})\n"
+        "arraymath, linalg = sys.modules['numba.cuda.np.arraymath'], sys.modules['numba.cuda.np.linalg']\n"
+        "print('scipy.linalg' in sys.modules, arraymath._HAVE_BLAS, linalg.ensure_blas.__name__)\n"
+    )
+    checks = ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")
+    env = {k: v for k, v in os.environ.items() if k not in checks}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-3:] == ["False", "False", "ensure_blas"]
+
+
 def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):
     """Every ``x[i] += v`` goes through one overload (lowering/subscripts.py ``atomic_update``)
     whose op is a string constant. Numba offers an overload the unliteral op first: an

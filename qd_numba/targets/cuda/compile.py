@@ -319,11 +319,35 @@ def install_cuda_extensions() -> None:
     from ...typing.struct import StructType
 
     intrinsics.install_cuda()
+    _skip_the_blas_probe()
     for cls in (_MatrixMeta, MatrixType, StructType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
     cuda_typeof_impl.register(QdRealFunc)(lambda val, c: types.Dispatcher(val.dispatcher("cuda")))
     cuda_typeof_impl.register(CompiledRealFunc)(lambda val, c: types.Dispatcher(val.func.compiled("cuda")))
     register_rewrite("before-inference")(matrix_literal_rewrite(cuda_ir, Rewrite))
+
+
+def _skip_the_blas_probe() -> None:
+    """Import numba-cuda's ``np.arraymath`` (its target context does at the first kernel) with
+    its BLAS probe answering "none". The probe imports ``scipy.linalg`` to decide whether device
+    code may call BLAS for ``np.dot``, which device code never can: 374 ms of a process's first
+    CUDA kernel on the H100 host (scipy, and numpy's f2py through it). Without BLAS the device
+    implementations take their loop (``np.dot`` of 1-d arrays, ``np.vdot``...), which is what
+    runs on a GPU. numba-cuda's linear-algebra helpers keep their own check."""
+    import sys
+
+    if "numba.cuda.np.arraymath" in sys.modules:
+        return
+    from numba.cuda.np import linalg
+
+    def no_device_blas():
+        raise ImportError("device code cannot call BLAS")
+
+    probe, linalg.ensure_blas = linalg.ensure_blas, no_device_blas
+    try:
+        import numba.cuda.np.arraymath  # noqa: F401
+    finally:
+        linalg.ensure_blas = probe
 
 
 def install_cuda_ufunc_math_fallbacks() -> list[str]:

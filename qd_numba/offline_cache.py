@@ -37,6 +37,7 @@ when it is over ``offline_cache_max_size_of_files``.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import os
@@ -392,21 +393,28 @@ def _write(place: Lookup, data: bytes, clean_after: bool = True) -> bool:
     """Write ``data`` as the file of ``place``: a temporary file renamed under the directory's
     lock, then the cleaning policy (unless ``clean_after`` is False). False (and one warning per
     process) if it cannot be written."""
-    directory = os.path.dirname(place.path)
+    return _write_files(place.root, [(place.path, data)], clean_after)
+
+
+def _write_files(root: str, files: list, clean_after: bool = True) -> bool:
+    """Write each ``(path, data)`` under ``root`` as :func:`_write` does, under one lock."""
     tmp = None
     try:
-        os.makedirs(directory, exist_ok=True)
-        with _dir_lock(place.root):
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SUFFIX)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, place.path)
-            tmp = None
+        os.makedirs(root, exist_ok=True)
+        with _dir_lock(root):
+            for path, data in files:
+                directory = os.path.dirname(path)
+                os.makedirs(directory, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SUFFIX)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+                tmp = None
             if clean_after:
-                clean(place.root)
+                clean(root)
         return True
     except OSError as e:
-        _warn_once(place.root, "write", f"cannot write to {place.root} ({e}); kernels compile in every process")
+        _warn_once(root, "write", f"cannot write to {root} ({e}); kernels compile in every process")
         return False
     finally:
         if tmp is not None:
@@ -435,21 +443,54 @@ def load_blob(key: str, suffix: str = SUFFIX):
         return None
 
 
-def store_blob(key: str, value, suffix: str = SUFFIX, clean: bool = True) -> None:
-    """Write ``value`` (picklable, holding nothing specific to this process) under ``key``;
-    ``clean=False`` leaves the cleaning policy to the next write (small blobs written often)."""
+def store_blob(key: str, value, suffix: str = SUFFIX) -> None:
+    """Write ``value`` (picklable, holding nothing specific to this process) under ``key``."""
+    place = Lookup(key, {}, cache_root(), suffix)
+    _write(place, _blob_file(key, value))
+
+
+def _blob_file(key: str, value) -> bytes:
+    """The bytes of a blob's file: the versions, the key, the checksum and the pickled value."""
     blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    _write(Lookup(key, {}, cache_root(), suffix),
-           pickle.dumps((versions(), key, (hashlib.sha256(blob).hexdigest(), blob)), protocol=pickle.HIGHEST_PROTOCOL),
-           clean)
+    return pickle.dumps((versions(), key, (hashlib.sha256(blob).hexdigest(), blob)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _load_code(key: str) -> bytes | None:
     return load_blob(key, CODE_SUFFIX)
 
 
+_pending_code: dict = {}      # path -> (cache root, file bytes): code objects not written yet
+_pending_lock = threading.Lock()
+_FLUSH_AT = 64
+_flush_registered = False
+
+
 def _store_code(key: str, data: bytes) -> None:
-    store_blob(key, data, CODE_SUFFIX, clean=False)
+    """Queue a code object's file; :func:`flush_generated_code` writes the queue at exit, or
+    once 64 are queued. A write takes the cache directory's lock: one per source would cost a
+    cold first call up to five lock rounds (~140 ms on the H100 host's disk)."""
+    global _flush_registered
+    place = Lookup(key, {}, cache_root(), CODE_SUFFIX)
+    with _pending_lock:
+        _pending_code[place.path] = (place.root, _blob_file(key, data))
+        full = len(_pending_code) >= _FLUSH_AT
+        if not _flush_registered:
+            atexit.register(flush_generated_code)
+            _flush_registered = True
+    if full:
+        flush_generated_code()
+
+
+def flush_generated_code() -> None:
+    """Write the queued code objects of generated Python (:func:`_store_code`) now."""
+    with _pending_lock:
+        pending = list(_pending_code.items())
+        _pending_code.clear()
+    by_root: dict = {}
+    for path, (root, data) in pending:
+        by_root.setdefault(root, []).append((path, data))
+    for root, files in by_root.items():
+        _write_files(root, files, clean_after=False)
 
 
 generated_code.keep_code_in(_load_code, _store_code)

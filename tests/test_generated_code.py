@@ -75,6 +75,8 @@ def _source(rng):
 
 
 def _blobs(path):
+    """The code files under ``path``, once the queued ones are written."""
+    offline_cache.flush_generated_code()
     return [p for p in path.rglob("*" + offline_cache.CODE_SUFFIX) if not p.name.startswith(".tmp-")]
 
 
@@ -129,8 +131,39 @@ def test_a_damaged_entry_is_discarded_and_compiled_again(cache_dir, rng, damage)
         warnings.simplefilter("ignore", qd.QuadrantsWarning)
         got = exec_generated(src, "test damaged", {})["scaled"]
     assert got(3) == 3 * k - 1 // (3 - k)
+    offline_cache.flush_generated_code()
     generated_code._codes.clear()           # rewritten: the next process loads good code
     assert exec_generated(src, "test damaged", {})["scaled"](4) == 4 * k - 1 // (4 - k)
+
+
+def test_code_files_are_written_together_at_exit_or_in_batches(cache_dir, rng, monkeypatch):
+    """A kernel's first call queues its code files (one directory lock for all of them, at exit
+    or when 64 are queued) instead of writing each as it is generated."""
+    sources = [_source(rng)[1].replace("scaled", f"scaled{i}") for i in range(3)]
+    for i, src in enumerate(sources):
+        exec_generated(src, f"test queued {i}", {})
+    assert not list(cache_dir.rglob("*" + offline_cache.CODE_SUFFIX))
+    assert len(_blobs(cache_dir)) == 3          # flushed (as at exit)
+    monkeypatch.setattr(offline_cache, "_FLUSH_AT", 2)
+    exec_generated(sources[0], "test batch a", {})
+    assert len(offline_cache._pending_code) == 1
+    exec_generated(sources[0], "test batch b", {})     # the second queued: both written now
+    assert not offline_cache._pending_code
+    assert len(list(cache_dir.rglob("*" + offline_cache.CODE_SUFFIX))) == 5
+
+
+def test_a_process_writes_its_queued_code_files_when_it_exits(tmp_path, rng):
+    import subprocess
+    import sys
+
+    k, src = _source(rng)
+    code = ("import sys\nimport qd_numba as qd\nfrom qd_numba.generated_code import exec_generated\n"
+            "qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=sys.argv[1])\n"
+            f"assert exec_generated({src!r}, 'test exit', {{}})['scaled'](3) == {3 * k - 1 // (3 - k)}\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list((tmp_path / "c").rglob("*" + offline_cache.CODE_SUFFIX))) == 1
 
 
 def test_without_the_offline_cache_nothing_is_written(tmp_path, rng):

@@ -316,3 +316,19 @@ def test_static_if_and_real_func_may_return_early(rng):
     np.testing.assert_allclose(out, 3 * a - a, rtol=1e-6)
     calls_real_abs(a, out)
     np.testing.assert_allclose(out, np.abs(a), rtol=1e-6)
+
+
+def test_the_rule_reads_the_source_without_searching_every_module(monkeypatch):
+    """The source comes from linecache: ``inspect.getmodule`` (what ``inspect.findsource`` calls,
+    resolving the path of every loaded module the first time) is never asked."""
+    import inspect
+
+    from qd_numba.passes import return_rules
+
+    def no_module_search(*args, **kwargs):
+        raise AssertionError("inspect.getmodule called")
+
+    monkeypatch.setattr(inspect, "getmodule", no_module_search)
+    return_rules._CONTROL_FLOW.clear()
+    _raises(qd.QuadrantsSyntaxError, return_in_while, (3,), "Return inside non-static if/for is not supported",
+            "inside a while loop", "return k")

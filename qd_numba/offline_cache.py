@@ -389,15 +389,15 @@ def store(place: Lookup, payload, artefact) -> None:
         stats.writes += 1
 
 
-def _write(place: Lookup, data: bytes, clean_after: bool = True) -> bool:
+def _write(place: Lookup, data: bytes) -> bool:
     """Write ``data`` as the file of ``place``: a temporary file renamed under the directory's
-    lock, then the cleaning policy (unless ``clean_after`` is False). False (and one warning per
-    process) if it cannot be written."""
-    return _write_files(place.root, [(place.path, data)], clean_after)
+    lock, then the cleaning policy. False (and one warning per process) if it cannot be written."""
+    return _write_files(place.root, [(place.path, data)])
 
 
 def _write_files(root: str, files: list, clean_after: bool = True) -> bool:
-    """Write each ``(path, data)`` under ``root`` as :func:`_write` does, under one lock."""
+    """Write each ``(path, data)`` under ``root`` as :func:`_write` does, under one lock (the
+    cleaning policy after, unless ``clean_after`` is False)."""
     tmp = None
     try:
         os.makedirs(root, exist_ok=True)

@@ -74,6 +74,8 @@ def test_range_for_task_is_a_workitem_loop(rng):
     ir = task.llvm_ir
     assert "llvm.amdgcn.workitem.id.x" in ir and "llvm.amdgcn.workgroup.id.x" in ir
     assert "llvm.amdgcn.dispatch.ptr" in ir          # the block and grid sizes
+    # the grid-stride loop as on CUDA: no 64-bit trip count, its back edge marked not to unroll
+    assert "udiv i64" not in ir and "sdiv i64" not in ir and '!"llvm.loop.unroll.disable"' in ir
     assert not task.unresolved                       # sqrt, fabs: exact intrinsics, no device library
     assert any("load" in op for op in ops) and any("store" in op for op in ops)
     assert any(op.startswith("v_sqrt_f32") or op.startswith("v_rsq") or op == "v_sqrt_f32_e32" for op in ops)

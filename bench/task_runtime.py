@@ -1,0 +1,118 @@
+"""Device time of typical task kernels, for comparing two qd_numba trees' generated code (the
+shape of a task's grid-stride loop, say). Run with the tree first on ``PYTHONPATH``; prints one
+JSON object of microseconds per call (best of 7 batches, host wall time with a sync after each
+batch). Needs a GPU.
+
+    PYTHONPATH=<tree> python3 bench/task_runtime.py
+
+Kernels: saxpy over 2^26 f32 (ndarrays), a field copy over 2^24, a 5-point stencil on a 4096^2
+field, 64 dependent multiply-adds per element over 2^20, a sum into one field cell over 2^24 (a
+reduction), 1,024 elements (launch-bound), and ``range(n)`` with ``n`` an argument over 2^24.
+bench/results/session12.md has a before/after run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+import qd_numba as qd
+
+
+def best_us(fn, reps, repeats=7):
+    fn()
+    qd.sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        qd.sync()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best * 1e6
+
+
+def main() -> None:
+    qd.init(arch=qd.cuda, offline_cache=False)
+    rng = np.random.default_rng(0)
+    out = {}
+    n = 1 << 26
+    x, y = qd.ndarray(qd.f32, shape=(n,)), qd.ndarray(qd.f32, shape=(n,))
+    x.from_numpy(rng.random(n, dtype=np.float32))
+    y.from_numpy(rng.random(n, dtype=np.float32))
+
+    @qd.kernel
+    def saxpy(a: qd.f32, x: qd.types.ndarray(dtype=qd.f32, ndim=1), y: qd.types.ndarray(dtype=qd.f32, ndim=1)):
+        for i in range(x.shape[0]):
+            y[i] = a * x[i] + y[i]
+
+    out["saxpy_64M_us"] = best_us(lambda: saxpy(2.0, x, y), 10)
+
+    m = 1 << 24
+    f, g = qd.field(qd.f32, shape=m), qd.field(qd.f32, shape=m)
+    f.from_numpy(rng.random(m, dtype=np.float32))
+
+    @qd.kernel
+    def field_copy():
+        for i in f:
+            g[i] = f[i] * 0.5
+
+    out["field_copy_16M_us"] = best_us(field_copy, 20)
+
+    side = 4096
+    a, b = qd.field(qd.f32, shape=(side, side)), qd.field(qd.f32, shape=(side, side))
+    a.from_numpy(rng.random((side, side), dtype=np.float32))
+
+    @qd.kernel
+    def stencil():
+        for i, j in a:
+            if 0 < i < side - 1 and 0 < j < side - 1:
+                b[i, j] = 0.25 * (a[i - 1, j] + a[i + 1, j] + a[i, j - 1] + a[i, j + 1])
+
+    out["stencil_4096sq_us"] = best_us(stencil, 10)
+
+    c_n = 1 << 20
+    c, d = qd.field(qd.f32, shape=c_n), qd.field(qd.f32, shape=c_n)
+    c.from_numpy(rng.random(c_n, dtype=np.float32))
+
+    @qd.kernel
+    def compute():
+        for i in c:
+            v = c[i]
+            for _ in range(64):
+                v = v * 0.999 + 0.001
+            d[i] = v
+
+    out["compute_1M_x64_us"] = best_us(compute, 20)
+
+    s = qd.field(qd.f32, shape=())
+
+    @qd.kernel
+    def total():
+        for i in f:
+            s[None] += f[i]
+
+    out["sum_16M_us"] = best_us(total, 20)
+
+    small = qd.field(qd.f32, shape=1024)
+
+    @qd.kernel
+    def tiny():
+        for i in small:
+            small[i] += 1.0
+
+    out["small_1024_us"] = best_us(tiny, 2000)
+
+    @qd.kernel
+    def ranged(k: int):
+        for i in range(k):
+            g[i] = f[i] + 1.0
+
+    out["range_arg_16M_us"] = best_us(lambda: ranged(m), 20)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

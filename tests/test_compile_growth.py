@@ -317,14 +317,24 @@ def test_gc_paused_across_threads():
 # -- process start ---------------------------------------------------------------------------------------
 
 
-def test_a_cpu_process_never_imports_numba_cuda(rng):
-    """``import qd_numba`` and a CPU kernel's compile and call do not import numba-cuda (~300 ms
-    of imports, ~400 ms of typing registries at its first kernel): only arch=cuda and the CUDA
-    compile check do."""
+def _fresh_process(code: str, *args: str) -> str:
+    """Run ``code`` in a fresh interpreter without the suite's compile-check and arch variables;
+    its stdout (a failure shows its stderr)."""
     import os
     import subprocess
     import sys
 
+    checks = ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")
+    env = {k: v for k, v in os.environ.items() if k not in checks}
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_a_cpu_process_never_imports_numba_cuda(rng):
+    """``import qd_numba`` and a CPU kernel's compile and call do not import numba-cuda (~300 ms
+    of imports, ~400 ms of typing registries at its first kernel): only arch=cuda and the CUDA
+    compile check do."""
     code = (
         "import sys\n"
         "import numpy as np\n"
@@ -341,11 +351,8 @@ def test_a_cpu_process_never_imports_numba_cuda(rng):
         "assert np.allclose(x.to_numpy(), a * 2), 'result'\n"
         "assert 'numba.cuda' not in sys.modules, 'first kernel'\n"
     )
-    checks = ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")
-    env = {k: v for k, v in os.environ.items() if k not in checks}
     values = [repr(float(v)) for v in rng.uniform(-1, 1, 8)]
-    proc = subprocess.run([sys.executable, "-c", code, *values], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _fresh_process(code, *values)
 
 
 def test_cuda_code_generation_never_imports_scipy_linalg():
@@ -353,10 +360,6 @@ def test_cuda_code_generation_never_imports_scipy_linalg():
     a first CUDA kernel on the H100 host) for a path device code cannot take. A fresh process that
     compiles a kernel for CUDA (the compile check: typing, lowering, NVVM, nvJitLink) does not
     import it, numba-cuda sees no BLAS, and the probe is numba-cuda's own again afterwards."""
-    import os
-    import subprocess
-    import sys
-
     pytest.importorskip("scipy.linalg")
     code = (
         "import sys\n"
@@ -372,11 +375,7 @@ def test_cuda_code_generation_never_imports_scipy_linalg():
         "arraymath, linalg = sys.modules['numba.cuda.np.arraymath'], sys.modules['numba.cuda.np.linalg']\n"
         "print('scipy.linalg' in sys.modules, arraymath._HAVE_BLAS, linalg.ensure_blas.__name__)\n"
     )
-    checks = ("QD_CUDA_COMPILE_CHECK", "QD_AMDGPU_COMPILE_CHECK", "QD_ARCH")
-    env = {k: v for k, v in os.environ.items() if k not in checks}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-3:] == ["False", "False", "ensure_blas"]
+    assert _fresh_process(code).split()[-3:] == ["False", "False", "ensure_blas"]
 
 
 def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):

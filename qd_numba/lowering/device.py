@@ -151,14 +151,15 @@ def keep_grid_loops_rolled(function) -> int:
     whose lowering recorded its headers) with ``llvm.loop.unroll.disable``; returns how many
     branches were marked. Unrolling a loop of independent iterations only adds code (and the
     trip-count division it needs): at full occupancy the warps hide each thread's latency either
-    way (saxpy, a copy, a stencil: as fast or faster on an H100, bench/results/session12.md). Loops
-    inside the body keep NVVM's unrolling. A branch to the header is a back edge when the header dominates
-    it: when the branch's block is unreachable from the entry without passing the header."""
+    way (saxpy, a copy, a stencil: as fast or faster on an H100, bench/results/session12.md).
+    Loops inside the body keep NVVM's unrolling. A branch to the header is a back edge when the
+    header dominates it: when the branch's block is unreachable from the entry without passing
+    the header."""
     headers = function.__dict__.pop("_qd_grid_headers", ())
     if not headers or not function.blocks:
         return 0
     marked = 0
-    for header in headers:
+    for k, header in enumerate(headers):
         before_header, work = {function.blocks[0]}, [function.blocks[0]]
         while work:
             block = work.pop()
@@ -175,7 +176,7 @@ def keep_grid_loops_rolled(function) -> int:
         module = function.module
         disable = module.add_metadata([llir.MetaDataString(module, "llvm.loop.unroll.disable")])
         # a node of its own (unique first operand), then made to refer to itself as a loop id must
-        loop_id = module.add_metadata([llir.MetaDataString(module, f"qd.grid_loop.{id(header)}"), disable])
+        loop_id = module.add_metadata([llir.MetaDataString(module, f"qd.grid_loop.{function.name}.{k}"), disable])
         loop_id.operands = (loop_id, disable)
         for b in latches:
             b.terminator.set_metadata("llvm.loop", loop_id)
@@ -189,6 +190,8 @@ def _successors(block):
         return ()
     if isinstance(term, llir.SwitchInstr):
         return (term.default, *(dest for _, dest in term.cases))
+    if isinstance(term, llir.IndirectBranch):
+        return tuple(term.destinations)
     return tuple(op for op in term.operands if isinstance(op, llir.Block))
 
 

@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -107,8 +108,11 @@ def _run(tree, args, program):
         os.pathsep) if p and os.path.abspath(p) != os.path.abspath(".")])
     env["NUMBA_CACHE_DIR"] = f"/tmp/qd_bench_nocache_{os.getpid()}"
     env["QD_OFFLINE_CACHE"] = "0"  # cold compiles must stay cold in every round
-    out = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env,
-                         timeout=900, cwd="/tmp")
+    env.pop("CUDA_CACHE_DISABLE", None)
+    with tempfile.TemporaryDirectory(prefix="qd_cuda_jit_cache_") as jit_cache:
+        env["CUDA_CACHE_PATH"] = jit_cache   # nor may the driver's PTX cache of an earlier round
+        out = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env,
+                             timeout=900, cwd="/tmp")
     if out.returncode != 0:
         raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))

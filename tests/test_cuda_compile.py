@@ -863,3 +863,19 @@ def test_gpu_layout_matches_driver(gpu):
     kernel = ObjectCode.from_cubin(task.cubin).get_kernel(task.entry_name)
     info = _param_info(kernel)
     assert info == [(s.offset, s.size) for s in task.param_layout]
+
+
+def test_all_zero_bytes_checks_every_chunk_and_the_sign_of_zero():
+    from qd_numba.targets.cuda.runtime import _all_zero_bytes
+
+    rng = np.random.default_rng(5)
+    a = np.zeros((37, 11), np.float32)
+    assert _all_zero_bytes(a, chunk=64)
+    for flat in rng.integers(0, a.size, 5):
+        b = a.copy()
+        b.reshape(-1)[flat] = rng.uniform(0.5, 1.0)
+        assert not _all_zero_bytes(b, chunk=64)
+    a[-1, -1] = -0.0                       # equal to zero, not zero bytes
+    assert not _all_zero_bytes(a, chunk=64)
+    assert _all_zero_bytes(np.zeros(0, np.int64))
+    assert _all_zero_bytes(np.zeros((), np.float64)) and not _all_zero_bytes(np.ones((), np.float64))

@@ -125,6 +125,36 @@ def test_fields_live_on_device(rng):
     np.testing.assert_allclose(g[4], (d[4] * 2).astype(np.float32), rtol=1e-6)
 
 
+def test_first_use_of_fields_on_device(rng):
+    """A field's device buffer is made at its first kernel: copied from what python scope wrote,
+    set to zero when nothing did (runtime.ensure_device); a -0.0 is data, not zero."""
+    n = 3000
+    untouched = qd.field(qd.f32, shape=n)
+    written = qd.field(qd.f32, shape=n)
+    signed = qd.field(qd.f32, shape=n)
+    acc = qd.Vector.field(2, qd.f64, shape=n)
+    out = qd.field(qd.f32, shape=n)
+    inv = qd.field(qd.f32, shape=n)
+    w = rng.uniform(-3, 3, n).astype(np.float32)
+    s = np.where(rng.random(n) < 0.5, np.float32(-0.0), np.float32(0.0))
+    written.from_numpy(w)
+    signed.from_numpy(s)
+
+    @qd.kernel
+    def use():
+        for i in range(n):
+            out[i] = untouched[i] + written[i]
+            inv[i] = 1.0 / signed[i]
+            acc[i] += qd.Vector([written[i], 2.0])
+
+    use()
+    np.testing.assert_array_equal(out.to_numpy(), w)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(inv.to_numpy(), np.float32(1.0) / s)     # -inf where -0.0
+    np.testing.assert_allclose(acc.to_numpy(), np.stack([w.astype(np.float64), np.full(n, 2.0)], axis=1))
+    assert not untouched.to_numpy().any()
+
+
 def test_serial_values_and_return(rng):
     x = qd.field(qd.f32, shape=(256,))
     d = rng.uniform(0, 1, 256).astype(np.float32)

@@ -481,9 +481,15 @@ class CudaRuntime:
             f.claim()           # a field of an earlier qd.init is our error (field.py)
             ensure_device(f)
         head = -(-8 * max(1, len(fields)) // 64) * 64
-        host = np.zeros(head + tmp_bytes, np.uint8)
-        host[:8 * len(fields)].view(np.uint64)[:] = [f._dev.device_ctypes_pointer.value for f in fields]
-        buf = self.cuda.to_device(host)
+        table = np.array([f._dev.device_ctypes_pointer.value for f in fields], np.uint64)
+        buf = self.cuda.device_array(head + tmp_bytes, np.uint8)
+        address = int(buf.device_ctypes_pointer.value)
+        drv = _driver()
+        if len(fields):
+            # pageable memory: returns once the bytes are staged, ordered before later launches
+            _check(drv.cuMemcpyHtoD(address, table.ctypes.data, table.nbytes), "cuMemcpyHtoD(field table)")
+        if tmp_bytes:
+            _check(drv.cuMemsetD8(address + head, 0, tmp_bytes), "cuMemsetD8(temporaries)")
         return buf, buf[head:]
 
     def device_words(self, count: int):
@@ -627,7 +633,25 @@ def _device_list(count: int) -> str:
 # -- device storage of fields and qd.ndarrays --------------------------------------------------------
 
 def ensure_device(data) -> None:
-    """Give a field/qd.ndarray its device buffer (from its host data, the first time)."""
+    """Give a field/qd.ndarray its device buffer (from its host data, the first time). Host data
+    that is all zero bytes (a field nothing wrote yet) is set on the device rather than copied:
+    numba-cuda's ``to_device`` costs ~0.2 ms of Python for a small array, an allocation and a
+    memset ~0.05 ms (H100), and a large zero field moves no bytes. Both are ordered on the legacy
+    default stream before the launches that follow, as the copy was."""
     if data._dev is None:
         rt = CudaRuntime.get()
-        data._dev = rt.cuda.to_device(np.ascontiguousarray(data._arr))
+        host = np.ascontiguousarray(data._arr)
+        if not _all_zero_bytes(host):
+            data._dev = rt.cuda.to_device(host)
+            return
+        dev = rt.cuda.device_array(host.shape, host.dtype)
+        if host.nbytes:
+            _check(_driver().cuMemsetD8(int(dev.device_ctypes_pointer.value), 0, host.nbytes), "cuMemsetD8")
+        data._dev = dev
+
+
+def _all_zero_bytes(host: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Whether a C-contiguous array's bytes are all zero (a -0.0 is not), stopping at the first
+    chunk that is not."""
+    flat = host.reshape(-1).view(np.uint8)
+    return not any(flat[start:start + chunk].any() for start in range(0, flat.size, chunk))

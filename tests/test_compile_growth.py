@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import qd_numba as qd
-from qd_numba import config, profiler
+from qd_numba import profiler
 from qd_numba.passes import pipeline
 from qd_numba.passes.base import IRTools
 from qd_numba.passes.liveness import Liveness
@@ -378,30 +378,39 @@ def test_cuda_code_generation_never_imports_scipy_linalg():
     assert _fresh_process(code).split()[-3:] == ["False", "False", "ensure_blas"]
 
 
+def _count_compiles(monkeypatch, name: str) -> list:
+    """(compiler, argument types) of every Numba compile (CPU and, with numba-cuda importable,
+    device code: arch=cuda and the CUDA compile check) of a function whose qualified name
+    contains ``name``, appended as they start."""
+    from numba.core import compiler
+
+    counted = []
+    compilers = [compiler]
+    if numba_cuda_importable():
+        from numba.cuda.core import compiler as cuda_compiler
+
+        compilers.append(cuda_compiler)
+
+    def counting(real, which):
+        def compile_extra(self, func):
+            if name in getattr(func, "__qualname__", ""):
+                counted.append((which, tuple(self.state.args)))
+            return real(self, func)
+        return compile_extra
+
+    for module in compilers:
+        monkeypatch.setattr(module.CompilerBase, "compile_extra",
+                            counting(module.CompilerBase.compile_extra, module.__name__))
+    return counted
+
+
 def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):
     """Every ``x[i] += v`` goes through one overload (lowering/subscripts.py ``atomic_update``)
     whose op is a string constant. Numba offers an overload the unliteral op first: an
     implementation compiled for that fails (the op must be known), is never cached, and was
     compiled again at every typing of every call site (144 failed compiles in one FEM kernel).
     Counted: the implementation's compiles for a kernel of many update sites."""
-    from numba.core import compiler
-
-    counted = []
-    compilers = [compiler]
-    if config.current.arch == "cuda":     # numba-cuda compiles the overloads of device code with its own
-        from numba.cuda.core import compiler as cuda_compiler
-
-        compilers.append(cuda_compiler)
-
-    def counting(real):
-        def compile_extra(self, func):
-            if "atomic_update" in getattr(func, "__qualname__", ""):
-                counted.append(tuple(self.state.args))
-            return real(self, func)
-        return compile_extra
-
-    for module in compilers:
-        monkeypatch.setattr(module.CompilerBase, "compile_extra", counting(module.CompilerBase.compile_extra))
+    counted = _count_compiles(monkeypatch, "atomic_update")
     total = qd.field(qd.f32, shape=())
     hist = qd.field(qd.i32, shape=(8,))
     x = qd.field(qd.f32, shape=(N,))
@@ -420,3 +429,38 @@ def test_atomic_updates_compile_their_implementation_once(monkeypatch, rng):
                                                                minlength=8))
     np.testing.assert_allclose(total[None], float(np.sum(data) * 21), rtol=1e-4, atol=1e-4)
     assert counted and len(counted) == len(set(counted)), counted    # each signature once
+
+
+def test_scalar_field_access_compiles_no_function(monkeypatch, rng):
+    """``f[i]`` and ``f[i] = v`` on scalar fields are typed by a template and lowered in place
+    (lowering/field.py): no implementation is compiled as a function of its own, which every
+    task would call and link. Vector fields keep their overloads (counted, so the count can
+    fail)."""
+    counted = _count_compiles(monkeypatch, "_field_")
+    a = qd.field(qd.f32, shape=(N,))
+    g = qd.field(qd.f64, shape=(8, N // 8))
+    h = qd.field(qd.f16, shape=(N,))
+    s = qd.field(qd.i32, shape=())
+    v = qd.Vector.field(2, qd.f32, shape=(N,))
+    data = rng.uniform(-1, 1, N).astype(np.float32)
+    a.from_numpy(data)
+
+    @qd.kernel
+    def scalars():
+        for i in a:
+            g[i % 8, i // 8] = a[i] * 2.0
+            h[i] = a[i]
+        s[None] = 7
+
+    @qd.kernel
+    def vectors():
+        for i in a:
+            v[i] = qd.Vector([a[i], 1.0])
+
+    scalars()
+    np.testing.assert_array_equal(g.to_numpy(), (data.astype(np.float64) * 2.0).reshape(N // 8, 8).T)
+    np.testing.assert_array_equal(h.to_numpy(), data.astype(np.float16))
+    assert s[None] == 7 and counted == []
+    vectors()
+    np.testing.assert_array_equal(v.to_numpy()[:, 0], data)
+    assert counted, "the vector field's overload compiled nothing: the counter is not counting"

@@ -220,3 +220,51 @@ def test_tasks_carry_the_types_cuda_lowers():
     assert temp_types["$qd_return"] == state.task_plan.return_type == types.float32
     # the Task list (what kernel.tasks() returns) carries the same types
     assert [t.types for t in state.tasks] == [u.types for u, _, _ in compiled]
+
+
+def _globals_and_copies(func_ir):
+    """(names of the globals each call of the entry block calls, copies of a field argument)."""
+    entry = func_ir.blocks[min(func_ir.blocks)]
+    bound = {stmt.target.name: stmt.value.value for stmt in entry.body
+             if type(getattr(stmt, "value", None)).__name__ in ("Global", "FreeVar")}
+    calls = [getattr(bound.get(stmt.value.func.name), "__name__", "?") for stmt in entry.body
+             if getattr(getattr(stmt, "value", None), "op", None) == "call"]
+    copies = [stmt for blk in func_ir.blocks.values() for stmt in blk.body
+              if type(getattr(stmt, "value", None)).__name__ == "Var" and stmt.value.name.startswith("__qd_field_")]
+    return calls, copies
+
+
+@pytest.mark.no_cuda_compile_check   # the CUDA cut is checked here directly
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_task_prologue_is_short(target, rng):
+    """Every statement of a task is typed and lowered once per task (~0.4 ms each on CUDA): a
+    field is bound by one call (the function's global bound once per block), the body reads the
+    field's argument itself rather than a copy per reference, and a CUDA loop is one call."""
+    a, b, c = (qd.field(qd.f32, shape=(40,)) for _ in range(3))
+
+    @qd.kernel
+    def three():
+        for i in a:
+            b[i] = a[i] * 2.0 + c[i] - a[i]
+
+    if target == "cpu":
+        state = _cpu_state(three, {})
+        abi, units = cpu.CpuTaskABI.for_state(state), [u for u in state.task_plan.units if u.kind == "range_for"]
+    else:
+        state, temp_types = _cuda_state(three, {})
+        abi, units = _cuda_abi(state, temp_types), state.task_plan.units
+    (cut,) = _cut_all(state, abi, units)[2]
+    calls, copies = _globals_and_copies(cut.func_ir)
+    assert copies == []
+    assert calls.count("field_from_ctx") == 3
+    entry = cut.func_ir.blocks[min(cut.func_ir.blocks)].body
+    fn_globals = [stmt for stmt in entry if type(getattr(stmt, "value", None)).__name__ == "Global"
+                  and getattr(stmt.value.value, "__name__", "") == "field_from_ctx"]
+    assert len(fn_globals) == 1
+    if target == "cuda":
+        assert "grid_loop" in calls and "grid_start" not in calls and "grid_stride" not in calls
+    da, dc = rng.uniform(-1, 1, 40).astype(np.float32), rng.uniform(-1, 1, 40).astype(np.float32)
+    a.from_numpy(da)
+    c.from_numpy(dc)
+    three()
+    np.testing.assert_allclose(b.to_numpy(), da * 2 + dc - da, rtol=1e-6, atol=1e-7)

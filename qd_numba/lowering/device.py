@@ -15,12 +15,14 @@ A :class:`TypeToken` carries a Numba type into the IR as a compile-time constant
 
 from __future__ import annotations
 
+import math
+
 from llvmlite import ir as llir
 from numba.core import cgutils, types
 from numba.core.imputils import lower_builtin, lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
 
-from .array_struct import abi_sizeof, array_struct
+from .array_struct import abi_sizeof
 
 TEMP_SLOT_BYTES = 64
 
@@ -66,12 +68,19 @@ def _sreg(builder, name):
     return builder.zext(builder.call(fn, ()), llir.IntType(64))
 
 
+def _grid_start(builder):
+    return builder.add(builder.mul(_sreg(builder, "ctaid.x"), _sreg(builder, "ntid.x")), _sreg(builder, "tid.x"))
+
+
+def _grid_stride(builder):
+    return builder.mul(_sreg(builder, "nctaid.x"), _sreg(builder, "ntid.x"))
+
+
 @intrinsic
 def grid_start(typingctx):
     """blockIdx.x * blockDim.x + threadIdx.x, as int64."""
     def codegen(context, builder, sig, args):
-        return builder.add(builder.mul(_sreg(builder, "ctaid.x"), _sreg(builder, "ntid.x")),
-                           _sreg(builder, "tid.x"))
+        return _grid_start(builder)
     return types.int64(), codegen
 
 
@@ -79,7 +88,7 @@ def grid_start(typingctx):
 def grid_stride(typingctx):
     """gridDim.x * blockDim.x, as int64."""
     def codegen(context, builder, sig, args):
-        return builder.mul(_sreg(builder, "nctaid.x"), _sreg(builder, "ntid.x"))
+        return _grid_stride(builder)
     return types.int64(), codegen
 
 
@@ -122,6 +131,24 @@ def grid_range(typingctx, start, stop, step):
         return it._getvalue()
 
     return grid_range_type(start, stop, step), codegen
+
+
+@intrinsic
+def grid_loop(typingctx, stop):
+    """``grid_range(grid_start(), stop, grid_stride())`` in one call: the grid-stride iteration
+    of this thread below ``stop``. A task's prologue is typed and lowered statement by statement
+    (~0.4 ms each here): one call instead of three calls and their globals."""
+    if not isinstance(stop, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        start, step = _grid_start(builder), _grid_stride(builder)
+        it = cgutils.create_struct_proxy(grid_range_type)(context, builder)
+        it.index = cgutils.alloca_once_value(builder, start)
+        it.stop, it.step = context.cast(builder, args[0], sig.args[0], types.int64), step
+        return it._getvalue()
+
+    return grid_range_type(stop), codegen
 
 
 @lower_builtin("getiter", GridRange)
@@ -204,6 +231,27 @@ def c_strides(shape, itemsize):
     return list(reversed(strides))
 
 
+def array_view(context, builder, arrty, data, shape, strides, itemsize):
+    """The array struct of ``arrty`` over ``data`` with constant ``shape``, ``strides`` and
+    ``itemsize`` and no meminfo or parent: one constant and one ``insertvalue``. What
+    ``context.populate_array`` builds, without its struct proxy (an alloca, a store per member,
+    a load): the commonest statement of a task's prologue lowered ~5x faster, in less IR."""
+    model = context.data_model_manager[arrty]
+    llty = model.get_value_type()
+    members = {"meminfo": None, "parent": None, "nitems": math.prod(shape), "itemsize": itemsize,
+               "data": None, "shape": tuple(shape), "strides": tuple(strides)}
+    parts = [None] * len(llty.elements)
+    for name, value in members.items():
+        pos = model.get_field_position(name)
+        ety = llty.elements[pos]
+        if isinstance(value, tuple):
+            parts[pos] = llir.Constant(ety, [llir.Constant(ety.element, int(v)) for v in value]) if value \
+                else llir.Constant(ety, None)
+        else:
+            parts[pos] = llir.Constant(ety, None if value is None else int(value))
+    return builder.insert_value(llir.Constant(llty, parts), data, model.get_field_position("data"))
+
+
 @intrinsic
 def field_from_ctx(typingctx, ctx, slot, token):
     """The field in context slot ``slot`` (a constant in the IR), typed ``token.ty`` (a
@@ -228,16 +276,10 @@ def field_from_ctx(typingctx, ctx, slot, token):
         dtype_ll = context.get_data_type(arrty.dtype)
         data = builder.inttoptr(raw, dtype_ll.as_pointer())
         itemsize = abi_sizeof(context, dtype_ll)
-        ary = array_struct(context, builder, arrty)
-        intp = context.get_value_type(types.intp)
-        context.populate_array(
-            ary, data=data,
-            shape=[llir.Constant(intp, int(n)) for n in shape],
-            strides=[llir.Constant(intp, s) for s in (strides or c_strides(shape, itemsize))],
-            itemsize=llir.Constant(intp, itemsize), meminfo=None)
-        field = cgutils.create_struct_proxy(fty)(context, builder)
-        field.arr = ary._getvalue()
-        return field._getvalue()
+        view = array_view(context, builder, arrty, data, shape, strides or c_strides(shape, itemsize), itemsize)
+        field_model = context.data_model_manager[fty]
+        return builder.insert_value(llir.Constant(field_model.get_value_type(), llir.Undefined), view,
+                                    field_model.get_field_position("arr"))
 
     return fty(ctx, slot, token), codegen
 

@@ -57,8 +57,10 @@ class ResolveGlobals:
 
         changed = False
         self._new_args = []
+        renames = {}          # a temporary that loaded a field -> the field's hidden argument
         static_inputs = None  # computed when first needed
         state.refresh_definitions()
+        definitions = state.func_ir._definitions
         for block in state.func_ir.blocks.values():
             for k, stmt in enumerate(block.body):
                 if not isinstance(stmt, ir.Assign):
@@ -95,8 +97,19 @@ class ResolveGlobals:
                                           stmt.loc)
                     if isinstance(obj, ArrayData):
                         hidden = hidden_argument(state, obj, stmt.loc, into=self._new_args)
-                        block.body[k] = ir.Assign(hidden, stmt.target, stmt.loc)
+                        target = stmt.target.name
+                        if target.startswith("$") and len(definitions.get(target, ())) == 1:
+                            renames[target] = hidden.name     # its uses read the argument itself
+                            block.body[k] = None
+                        else:
+                            block.body[k] = ir.Assign(hidden, stmt.target, stmt.loc)
                         changed = True
+        if renames:
+            # every statement is typed and lowered once per task that holds it: a field's loads
+            # (one per reference in the source) would be copies of its argument
+            for block in state.func_ir.blocks.values():
+                block.body = [stmt for stmt in block.body if stmt is not None]
+            state.tools.ir_utils.replace_var_names(state.func_ir.blocks, renames)
         if self._new_args:
             entry = state.func_ir.blocks[min(state.func_ir.blocks)]
             entry.body[:0] = self._new_args

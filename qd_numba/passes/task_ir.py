@@ -46,6 +46,7 @@ class Emitter:
     def __init__(self, ir, scope, loc, body=None):
         self.ir, self.scope, self.loc = ir, scope, loc
         self.body = [] if body is None else body
+        self._fn_vars = {}     # id(fn) -> the variable holding fn, bound once per block
 
     def var(self, name):
         return self.ir.Var(self.scope, name, self.loc)
@@ -64,7 +65,14 @@ class Emitter:
         return self.assign(self.ir.Global(hint, value, self.loc), self.temp(f"g_{hint}"))
 
     def call(self, fn, args, target):
-        self.body += emit_call(self.ir, fn, args, target, self.loc, self.temp(f"fn_{fn.__name__}"))
+        """``target = fn(*args)``; the global ``fn`` is bound at its first call in this block
+        (every statement is typed and lowered: a field per task costs one less)."""
+        fn_var = self._fn_vars.get(id(fn))
+        if fn_var is None:
+            self._fn_vars[id(fn)] = fn_var = self.temp(f"fn_{fn.__name__}")
+            self.body += emit_call(self.ir, fn, args, target, self.loc, fn_var)
+        else:
+            self.body.append(self.ir.Assign(self.ir.Expr.call(fn_var, list(args), (), self.loc), target, self.loc))
         return target
 
 
@@ -90,6 +98,14 @@ class TaskABI:
     def loop_range(self, state, unit):
         """What a range-for task's flat index iterates: called with ``(start, stop[, step])``."""
         return range
+
+    def loop_iterable(self, state, unit, emit: Emitter, leading: list):
+        """The variable a range-for task's loop iterates: ``loop_range(*flat_range)``."""
+        start, stop, step = self.flat_range(state, unit, emit, leading)
+        loop_range = self.loop_range(state, unit)
+        rng = emit.glob(loop_range, loop_range.__name__)
+        return emit.assign(emit.ir.Expr.call(rng, [start, stop] + ([step] if step is not None else []), (), emit.loc),
+                           emit.var("$qd_range_call"))
 
     def store_live_outs(self, state, unit, emit: Emitter, leading: list) -> None:
         """A serial task's exit: store what later tasks read."""
@@ -162,11 +178,7 @@ def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
 
     if unit.kind == "range_for":
         lp = unit.loop
-        start, stop, step = abi.flat_range(state, unit, emit, lead_vars)
-        loop_range = abi.loop_range(state, unit)
-        rng = emit.glob(loop_range, loop_range.__name__)
-        call = emit.assign(ir.Expr.call(rng, [start, stop] + ([step] if step is not None else []), (), loc),
-                           emit.var("$qd_range_call"))
+        call = abi.loop_iterable(state, unit, emit, lead_vars)
         it = emit.assign(ir.Expr.getiter(call, loc), emit.var("$qd_iter"))
         emit.assign(it, emit.var(lp.iter_var.name))
         emit.body.append(ir.Jump(lp.header + shift, loc))

@@ -33,6 +33,7 @@ from numba.extending import intrinsic, models, register_model
 
 from ..frontend.args import field_type
 from ..lowering import device
+from ..lowering.array_struct import remember_abi_sizes
 from ..passes.base import copy_ir, derive_ir, exec_stub
 from ..passes.task_ir import LABEL_SHIFT as TASK_LABEL_SHIFT
 from ..passes.task_ir import Emitter, TaskABI, cut_task
@@ -59,6 +60,7 @@ def ensure_threading_layer() -> None:
 
         _launch_threads()
         cpu_target.target_context.refresh()
+        remember_abi_sizes(cpu_target.target_context)
         _threads_ready = True
 
 

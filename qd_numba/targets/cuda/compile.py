@@ -36,6 +36,7 @@ from typing import Any
 
 from ... import profiler
 from ...lowering import device
+from ...lowering.array_struct import remember_abi_sizes
 
 __all__ = [
     "CompiledCudaTask",
@@ -303,6 +304,7 @@ def install_cuda_extensions() -> None:
       IR classes.
 
     * ``typeof`` of a ``@qd.real_func``: its numba-cuda device function (frontend/real_func.py).
+    * the target context remembers ABI sizes (lowering/array_struct.py ``remember_abi_sizes``).
 
     Without them ``qd.Vector([...])`` in a kernel or device function failed CUDA typing.
     Idempotent."""
@@ -320,6 +322,9 @@ def install_cuda_extensions() -> None:
 
     intrinsics.install_cuda()
     _skip_the_blas_probe()
+    from numba.cuda.descriptor import cuda_target
+
+    remember_abi_sizes(cuda_target.target_context)
     for cls in (_MatrixMeta, MatrixType, StructType):
         cuda_typeof_impl.register(cls)(core_typeof_impl.dispatch(cls))
     cuda_typeof_impl.register(QdRealFunc)(lambda val, c: types.Dispatcher(val.dispatcher("cuda")))

@@ -78,6 +78,11 @@ class CudaTaskABI(TaskABI):
                     return range
         return device.grid_range
 
+    def loop_iterable(self, state, unit, emit, leading):
+        if self.loop_range(state, unit) is device.grid_range:     # one call: start and stride inside
+            return emit.call(device.grid_loop, [emit.var(unit.loop.total_var.name)], emit.var("$qd_range_call"))
+        return super().loop_iterable(state, unit, emit, leading)
+
     def store_live_outs(self, state, unit, emit, leading):
         for name, slot in sorted(unit.stores.items(), key=lambda kv: kv[1]):
             off = emit.assign(state.ir.Const(slot * device.TEMP_SLOT_BYTES, emit.loc), emit.var(f"$qd_off_{slot}"))

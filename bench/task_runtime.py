@@ -1,9 +1,10 @@
-"""Device time of typical task kernels, for comparing two qd_numba trees' generated code (the
+"""Run time of typical task kernels, for comparing two qd_numba trees' generated code (the
 shape of a task's grid-stride loop, say). Run with the tree first on ``PYTHONPATH``; prints one
 JSON object of microseconds per call (best of 7 batches, host wall time with a sync after each
-batch). Needs a GPU.
+batch). ``--arch cuda`` (the default) needs a GPU; ``--arch cpu`` runs the same kernels on the
+CPU (sizes divided by 16 but for the launch-bound one).
 
-    PYTHONPATH=<tree> python3 bench/task_runtime.py
+    PYTHONPATH=<tree> python3 bench/task_runtime.py [--arch cpu|cuda]
 
 Kernels: saxpy over 2^26 f32 (ndarrays), a field copy over 2^24, a 5-point stencil on a 4096^2
 field, 64 dependent multiply-adds per element over 2^20, a sum into one field cell over 2^24 (a
@@ -13,6 +14,7 @@ bench/results/session12.md has a before/after run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -34,11 +36,19 @@ def best_us(fn, reps, repeats=7):
     return best * 1e6
 
 
+def _size(k: int) -> str:
+    return f"{k >> 20}M" if k >= 1 << 20 else f"{k >> 10}K"
+
+
 def main() -> None:
-    qd.init(arch=qd.cuda, offline_cache=False)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arch", default="cuda", choices=["cpu", "cuda"])
+    arch = parser.parse_args().arch
+    qd.init(arch=qd.cpu if arch == "cpu" else qd.cuda, offline_cache=False)
+    shrink = 4 if arch == "cpu" else 0     # CPU: sizes / 16
     rng = np.random.default_rng(0)
     out = {}
-    n = 1 << 26
+    n = 1 << (26 - shrink)
     x, y = qd.ndarray(qd.f32, shape=(n,)), qd.ndarray(qd.f32, shape=(n,))
     x.from_numpy(rng.random(n, dtype=np.float32))
     y.from_numpy(rng.random(n, dtype=np.float32))
@@ -48,9 +58,9 @@ def main() -> None:
         for i in range(x.shape[0]):
             y[i] = a * x[i] + y[i]
 
-    out["saxpy_64M_us"] = best_us(lambda: saxpy(2.0, x, y), 10)
+    out[f"saxpy_{_size(n)}_us"] = best_us(lambda: saxpy(2.0, x, y), 10)
 
-    m = 1 << 24
+    m = 1 << (24 - shrink)
     f, g = qd.field(qd.f32, shape=m), qd.field(qd.f32, shape=m)
     f.from_numpy(rng.random(m, dtype=np.float32))
 
@@ -59,9 +69,9 @@ def main() -> None:
         for i in f:
             g[i] = f[i] * 0.5
 
-    out["field_copy_16M_us"] = best_us(field_copy, 20)
+    out[f"field_copy_{_size(m)}_us"] = best_us(field_copy, 20)
 
-    side = 4096
+    side = 4096 >> (shrink // 2)
     a, b = qd.field(qd.f32, shape=(side, side)), qd.field(qd.f32, shape=(side, side))
     a.from_numpy(rng.random((side, side), dtype=np.float32))
 
@@ -71,9 +81,9 @@ def main() -> None:
             if 0 < i < side - 1 and 0 < j < side - 1:
                 b[i, j] = 0.25 * (a[i - 1, j] + a[i + 1, j] + a[i, j - 1] + a[i, j + 1])
 
-    out["stencil_4096sq_us"] = best_us(stencil, 10)
+    out[f"stencil_{side}sq_us"] = best_us(stencil, 10)
 
-    c_n = 1 << 20
+    c_n = 1 << (20 - shrink)
     c, d = qd.field(qd.f32, shape=c_n), qd.field(qd.f32, shape=c_n)
     c.from_numpy(rng.random(c_n, dtype=np.float32))
 
@@ -85,7 +95,7 @@ def main() -> None:
                 v = v * 0.999 + 0.001
             d[i] = v
 
-    out["compute_1M_x64_us"] = best_us(compute, 20)
+    out[f"compute_{_size(c_n)}_x64_us"] = best_us(compute, 20)
 
     s = qd.field(qd.f32, shape=())
 
@@ -94,7 +104,7 @@ def main() -> None:
         for i in f:
             s[None] += f[i]
 
-    out["sum_16M_us"] = best_us(total, 20)
+    out[f"sum_{_size(m)}_us"] = best_us(total, 20)
 
     small = qd.field(qd.f32, shape=1024)
 
@@ -110,7 +120,7 @@ def main() -> None:
         for i in range(k):
             g[i] = f[i] + 1.0
 
-    out["range_arg_16M_us"] = best_us(lambda: ranged(m), 20)
+    out[f"range_arg_{_size(m)}_us"] = best_us(lambda: ranged(m), 20)
     print(json.dumps(out))
 
 

@@ -180,7 +180,9 @@ def launch_range(typingctx, task_fn, total, args, serial):
         arg_values = cgutils.unpack_tuple(builder, args_v, len(args)) if len(args) else []
 
         def call_task(b, lo, hi, values):
-            return context.call_conv.call_function(b, fn, types.none, argtys, [lo, hi, *values])[0]
+            status = context.call_conv.call_function(b, fn, types.none, argtys, [lo, hi, *values])[0]
+            _keep_out_of_line(b, fn)
+            return status
 
         with builder.if_then(builder.icmp_signed(">", total_v, intp(0))):
             started = _read_clock(builder) if tf.clock_symbol else None
@@ -201,6 +203,17 @@ def launch_range(typingctx, task_fn, total, args, serial):
         return context.get_dummy_value()
 
     return types.none(task_fn, total, args, serial), codegen
+
+
+def _keep_out_of_line(builder, fn) -> None:
+    """Mark the call of task function ``fn`` just emitted ``noinline``. The driver calls a task
+    at two sites (one chunk here, several on the thread pool), and LLVM inlined it into both and
+    vectorized each copy (with its epilogue loops): three times the code of one task for one
+    call per chunk saved. Out of line, the loop is optimized and compiled once."""
+    for instr in reversed(builder.block.instructions):
+        if isinstance(instr, llir.CallInstr) and instr.callee is fn:
+            instr.attributes.add("noinline")
+            return
 
 
 # -- kernel profiler: a clock read around each launch (only in kernels compiled with it on) -----------

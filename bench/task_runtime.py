@@ -2,7 +2,8 @@
 shape of a task's grid-stride loop, say). Run with the tree first on ``PYTHONPATH``; prints one
 JSON object of microseconds per call (best of 7 batches, host wall time with a sync after each
 batch). ``--arch cuda`` (the default) needs a GPU; ``--arch cpu`` runs the same kernels on the
-CPU (sizes divided by 16 but for the launch-bound one).
+CPU (sizes divided by 16 but for the launch-bound one), with ``numba.njit(parallel=True)``
+``prange`` loops over numpy arrays next to the field copy and the multiply-add chain (``*_njit_us``).
 
     PYTHONPATH=<tree> python3 bench/task_runtime.py [--arch cpu|cuda]
 
@@ -38,6 +39,39 @@ def best_us(fn, reps, repeats=7):
 
 def _size(k: int) -> str:
     return f"{k >> 20}M" if k >= 1 << 20 else f"{k >> 10}K"
+
+
+def _njit_references(f_data, c_data, m: int, c_n: int) -> dict:
+    """The field copy and the multiply-add chain as hand-written ``prange`` loops (CPU)."""
+    import numba
+
+    @numba.njit(parallel=True)
+    def copy(src, dst):
+        for i in numba.prange(src.shape[0]):
+            dst[i] = src[i] * 0.5
+
+    @numba.njit(parallel=True)
+    def chain(src, dst):
+        for i in numba.prange(src.shape[0]):
+            v = src[i]
+            for _ in range(64):
+                v = v * 0.999 + 0.001
+            dst[i] = v
+
+    g_data, d_data = np.empty_like(f_data), np.empty_like(c_data)
+    return {f"field_copy_{_size(m)}_njit_us": _best_plain_us(lambda: copy(f_data, g_data), 20),
+            f"compute_{_size(c_n)}_x64_njit_us": _best_plain_us(lambda: chain(c_data, d_data), 20)}
+
+
+def _best_plain_us(fn, reps, repeats=7):
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best * 1e6
 
 
 def main() -> None:
@@ -96,6 +130,8 @@ def main() -> None:
             d[i] = v
 
     out[f"compute_{_size(c_n)}_x64_us"] = best_us(compute, 20)
+    if arch == "cpu":
+        out.update(_njit_references(f.to_numpy(), c.to_numpy(), m, c_n))
 
     s = qd.field(qd.f32, shape=())
 

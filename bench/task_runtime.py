@@ -24,15 +24,15 @@ import numpy as np
 import qd_numba as qd
 
 
-def best_us(fn, reps, repeats=7):
+def best_us(fn, reps, repeats=7, sync=qd.sync):
     fn()
-    qd.sync()
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         for _ in range(reps):
             fn()
-        qd.sync()
+        sync()
         best = min(best, (time.perf_counter() - t) / reps)
     return best * 1e6
 
@@ -59,19 +59,11 @@ def _njit_references(f_data, c_data, m: int, c_n: int) -> dict:
             dst[i] = v
 
     g_data, d_data = np.empty_like(f_data), np.empty_like(c_data)
-    return {f"field_copy_{_size(m)}_njit_us": _best_plain_us(lambda: copy(f_data, g_data), 20),
-            f"compute_{_size(c_n)}_x64_njit_us": _best_plain_us(lambda: chain(c_data, d_data), 20)}
+    def no_sync():
+        pass
 
-
-def _best_plain_us(fn, reps, repeats=7):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t) / reps)
-    return best * 1e6
+    return {f"field_copy_{_size(m)}_njit_us": best_us(lambda: copy(f_data, g_data), 20, sync=no_sync),
+            f"compute_{_size(c_n)}_x64_njit_us": best_us(lambda: chain(c_data, d_data), 20, sync=no_sync)}
 
 
 def main() -> None:

@@ -95,15 +95,10 @@ class TaskABI:
         (``step`` None: 1)."""
         raise NotImplementedError
 
-    def loop_range(self, state, unit):
-        """What a range-for task's flat index iterates: called with ``(start, stop[, step])``."""
-        return range
-
     def loop_iterable(self, state, unit, emit: Emitter, leading: list):
-        """The variable a range-for task's loop iterates: ``loop_range(*flat_range)``."""
+        """The variable a range-for task's loop iterates: ``range(*flat_range)`` by default."""
         start, stop, step = self.flat_range(state, unit, emit, leading)
-        loop_range = self.loop_range(state, unit)
-        rng = emit.glob(loop_range, loop_range.__name__)
+        rng = emit.glob(range, "range")
         return emit.assign(emit.ir.Expr.call(rng, [start, stop] + ([step] if step is not None else []), (), emit.loc),
                            emit.var("$qd_range_call"))
 

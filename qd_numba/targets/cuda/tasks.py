@@ -3,7 +3,7 @@
 The task cutter (passes/task_ir.py) cuts each unit of the kernel's
 :class:`~qd_numba.passes.plan_tasks.TaskPlan` out of the kernel IR (numba-cuda's IR classes);
 :class:`CudaTaskABI` says what a task kernel looks like. Every range-for task becomes a grid-stride
-kernel over its iteration space (``device.grid_range``, or ``range`` for a reduction); a serial
+kernel over its iteration space (``device.grid_loop``, or ``range`` for a reduction); a serial
 task becomes a single-thread kernel. Every task kernel has the same leading parameters, ``(ctx,
 tmp)`` (see lowering/device.py), followed by the runtime parameters it reads.
 
@@ -66,22 +66,17 @@ class CudaTaskABI(TaskABI):
         stride = emit.call(device.grid_stride, [], emit.var("$qd_stride"))
         return start, emit.var(unit.loop.total_var.name), stride
 
-    def loop_range(self, state, unit):
-        # a reduction's partial chains the iterations of a thread: Numba's range, whose trip count
-        # lets NVVM unroll the loop and put several loads in flight (a sum over 16M floats: 14%
-        # faster on an H100); independent iterations: a rolled loop (device.GridRange)
+    def loop_iterable(self, state, unit, emit, leading):
+        # a reduction's partial chains the iterations of a thread: Numba's range over flat_range,
+        # whose trip count lets NVVM unroll the loop and put several loads in flight (a sum over
+        # 16M floats: 14% faster on an H100); independent iterations: a rolled loop in one call
         blocks = state.func_ir.blocks
         for label in unit.labels:
             for stmt in blocks[label].body if label in blocks else ():
                 value = getattr(stmt, "value", None)
                 if getattr(value, "op", None) == "call" and try_static(state, value.func) is reduce.reduce_step:
-                    return range
-        return device.grid_range
-
-    def loop_iterable(self, state, unit, emit, leading):
-        if self.loop_range(state, unit) is device.grid_range:     # one call: start and stride inside
-            return emit.call(device.grid_loop, [emit.var(unit.loop.total_var.name)], emit.var("$qd_range_call"))
-        return super().loop_iterable(state, unit, emit, leading)
+                    return super().loop_iterable(state, unit, emit, leading)
+        return emit.call(device.grid_loop, [emit.var(unit.loop.total_var.name)], emit.var("$qd_range_call"))
 
     def store_live_outs(self, state, unit, emit, leading):
         for name, slot in sorted(unit.stores.items(), key=lambda kv: kv[1]):

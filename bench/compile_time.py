@@ -1,8 +1,8 @@
 """Cold compile time of a kernel of K top-level loops, K = 1, 2, 4, ..., 128, per compile stage,
 next to the same loops written for Numba by hand.
 
-    python bench/compile_time.py [--arch cpu|cuda|cuda-compile|all] [--max-k 128] [--out bench/results]
-                                 [--note "what else ran on the machine"]
+    python bench/compile_time.py [--arch cpu|cuda|cuda-compile|all] [--max-k 128] [--repeat 1]
+                                 [--out bench/results] [--note "what else ran on the machine"]
 
 Kernel: loop j is ``b_j[i] = a_j[i] * 2 + 1`` over its own pair of 4096-f32 fields. Each
 measurement is a fresh process that first compiles and runs a 1-loop kernel (one-time imports
@@ -19,8 +19,12 @@ driver's linker that cache turns the link step of a kernel compiled before into 
 - cuda-compile (no GPU needed): qd_numba's CUDA compile down to cubins (the suite's compile
   check), once with ``compile_threads=1`` and once with the default pool.
 
+``--repeat R`` measures every series R times per K, the series alternating within each round (a
+host whose speed drifts affects them alike), and reports the median.
+
 Results: ``compile_time.json`` (every measurement, the machine, the load average before and
-after each one) and ``compile_time.svg`` (log-log plot of seconds against K), both in ``--out``.
+after each one) and ``compile_time.svg`` (log-log plot of the median seconds against K), both in
+``--out``.
 Timings, not operation counts: tests/test_compile_growth.py checks the growth without timing.
 """
 
@@ -173,18 +177,24 @@ def gpu_present() -> bool:
         return False
 
 
-def run(archs, ks, note: str) -> dict:
+def run(archs, ks, note: str, repeat: int = 1) -> dict:
     rows = []
     for arch in archs:
         for k in ks:
-            for name, impl in SERIES[arch]:
-                r = measure(impl, k)
-                rows.append(dict(r, series=name, arch=arch, K=k))
-                stages = ", ".join(f"{s} {v:.2f}" for s, v in r.get("stages", {}).items())
-                print(f"{name:48s} K={k:4d} {r['seconds']:8.3f} s  load {r['load_before']:.1f}  {stages}",
-                      flush=True)
+            for sample in range(repeat):
+                for name, impl in SERIES[arch]:
+                    r = measure(impl, k)
+                    rows.append(dict(r, series=name, arch=arch, K=k, sample=sample))
+                    stages = ", ".join(f"{s} {v:.3f}" for s, v in r.get("stages", {}).items())
+                    print(f"{name:48s} K={k:4d} {r['seconds']:8.3f} s  load {r['load_before']:.1f}  {stages}",
+                          flush=True)
+            if repeat > 1:
+                for name, _impl in SERIES[arch]:
+                    seconds = [r["seconds"] for r in rows if r["series"] == name and r["K"] == k and r["arch"] == arch]
+                    print(f"{name:48s} K={k:4d} median {median(seconds):8.3f} s of {len(seconds)}", flush=True)
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python bench/compile_time.py " + " ".join(sys.argv[1:]),
+            "repeat": repeat,
             "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                         "python": platform.python_version(), "versions": _versions()},
             "kernel": f"K top-level loops, loop j: b_j[i] = a_j[i] * 2 + 1 over {N} f32",
@@ -210,11 +220,18 @@ def _versions() -> dict:
 _COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
 
 
+def median(values) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def svg_plot(data: dict) -> str:
     width, height, left, right, top, bottom = 760, 480, 70, 280, 40, 50
-    series: dict[str, list[tuple[int, float]]] = {}
+    samples: dict[str, dict[int, list[float]]] = {}
     for r in data["results"]:
-        series.setdefault(r["series"], []).append((r["K"], r["seconds"]))
+        samples.setdefault(r["series"], {}).setdefault(r["K"], []).append(r["seconds"])
+    series = {name: [(k, median(v)) for k, v in by_k.items()] for name, by_k in samples.items()}
     ks = [k for pts in series.values() for k, _ in pts]
     secs = [s for pts in series.values() for _, s in pts]
     x0, x1 = math.log2(min(ks)), math.log2(max(ks))
@@ -273,12 +290,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="all", choices=["cpu", "cuda", "cuda-compile", "all"])
     parser.add_argument("--max-k", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=1, help="measurements per series and K (median reported)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--note", default="", help="stored in the JSON: the load from other jobs, say")
     args = parser.parse_args()
     archs = ["cpu", "cuda" if gpu_present() else "cuda-compile"] if args.arch == "all" else [args.arch]
     ks = [1 << p for p in range(args.max_k.bit_length()) if 1 << p <= args.max_k]
-    data = run(archs, ks, args.note)
+    data = run(archs, ks, args.note, max(1, args.repeat))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compile_time.json"), "w") as f:
         json.dump(data, f, indent=1)

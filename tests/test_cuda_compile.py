@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import math
 import operator
 import struct
 import threading
@@ -483,6 +484,51 @@ def test_njit_callee_compiles_as_device_function():
     assert "0d401D000000000000" in task.ptx.upper().replace("0D", "0d")
     assert "0d3FF8000000000000" in task.ptx.upper().replace("0D", "0d") or "0d4004000000000000" in task.ptx
     _assert_layout_matches_cubin(task)
+
+
+def _libdevice_calls(ptx: str) -> bool:
+    return "__nv_" in ptx
+
+
+def _k_sin(x, out):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        out[i] = math.sin(x[i]) * math.exp(x[i])
+
+
+@pytest.mark.parametrize("fastmath", [False, True], ids=["precise", "fastmath"])
+def test_nvvm_without_libdevice_gives_numba_cudas_ptx(monkeypatch, fastmath):
+    """A task whose IR declares only intrinsics PTX has instructions for reaches NVVM without
+    libdevice (``task_ptx``); its PTX is numba-cuda's own, with libdevice, byte for byte. A task
+    calling a math function (``__nv_*``) takes numba-cuda's path, and its PTX has libdevice's code
+    inlined (no call left)."""
+    from numba.cuda.cudadrv import nvvm
+
+    added = []
+    original = nvvm.CompilationUnit.lazy_add_module
+    monkeypatch.setattr(nvvm.CompilationUnit, "lazy_add_module",
+                        lambda self, buf: (added.append(len(buf)), original(self, buf))[1])
+    plain = cc.lower_task(_build_axpy3_ir(3.0), _AXPY3_TYPES, cc=CC, fastmath=fastmath)
+    assert not cc.needs_libdevice(plain.library.llvm_strs)
+    ours = plain.finish()
+    assert added == []
+    plain.library._ptx_cache.clear()
+    assert plain.library.get_asm_str(cc=plain.ccn) == ours.ptx and len(added) == 1
+    with_math = cc.lower_task(CUDA_IR.run_frontend(_k_sin), (types.float64[::1], types.float64[::1]), cc=CC,
+                              fastmath=fastmath)
+    assert cc.needs_libdevice(with_math.library.llvm_strs)
+    compiled = with_math.finish()
+    assert len(added) == 2 and not _libdevice_calls(compiled.ptx)
+    _assert_cubin(compiled)
+
+
+def test_libdevice_check_reads_every_declaration():
+    ir = 'declare i32 @"llvm.nvvm.read.ptx.sreg.tid.x"()\ndeclare void @llvm.memset.p0i8.i64(i8*, i8, i64, i1)\n'
+    assert not cc.needs_libdevice([ir])
+    assert cc.needs_libdevice([ir + "declare double @__nv_sin(double)\n"])
+    assert cc.needs_libdevice([ir, 'declare float @"llvm.pow.f32"(float, float)\n'])
+    assert cc.needs_libdevice(["declare i32 @vprintf(i8*, i8*)\n"])
+    assert not cc.needs_libdevice(['define void @"k"() {\n  call void @"__nv_x"()\n  ret void\n}\n'])
 
 
 @numba.njit

@@ -196,12 +196,20 @@ def test_tasks_carry_the_types_the_cpu_lowers(rng):
     np.testing.assert_allclose(a, ref_a, rtol=1e-6)
     # the compiled kernel's Tasks, typed from the driver and task functions the CPU lowered (no
     # second type inference), carry the types the whole-kernel inference gives, but for the
-    # loops' range plumbing in the serial code, which the CPU driver replaces by its launches
+    # loops' range plumbing in the serial code, which the CPU driver replaces by its launches, and
+    # the flat-index binding a range(n) loop's task leaves out (its variable is the flat index)
     plumbing = {s.target.name for lp in state.loops for s in lp.plumbing}
+    def names(blocks):
+        return {v.name for blk in blocks for stmt in blk.body for v in stmt.list_vars()}
+
+    left_out = [{s.target.name for lbl in u.labels for s in state.func_ir.blocks[lbl].body
+                 if type(s).__name__ == "Assign"}
+                - names(cut_task(state, u, cpu.CpuTaskABI.for_state(state)).func_ir.blocks.values())
+                if u.kind == "range_for" else plumbing for u in units]
+    assert "$qd_idx" in units[1].types and "$qd_idx" in left_out[1]
     compiled = target_for("cpu").kernel_backend(mixed).tasks((a, 3.0))   # the CPU's, on any --arch
-    assert [t.types for t in compiled] == [
-        u.types if u.kind == "range_for" else {n: ty for n, ty in u.types.items() if n not in plumbing}
-        for u in units]
+    assert [t.types for t in compiled] == [{n: ty for n, ty in u.types.items() if n not in gone}
+                                           for u, gone in zip(units, left_out)]
     assert plumbing & set(units[0].types)
 
 
@@ -302,3 +310,60 @@ def test_cpu_field_loop_is_vectorized_once(monkeypatch, rng):
         pytest.skip("kernel loaded from the offline cache")
     loops = re.findall(r"^vector\.body[.\d]*:", str(libraries[-1]._final_module), re.M)
     assert len(loops) == 1, loops
+
+
+def _space_calls(func_ir) -> set:
+    """Names of the space intrinsics a task function calls (lowering/spaces.py)."""
+    bound = {stmt.target.name: getattr(stmt.value.value, "__name__", "?") for blk in func_ir.blocks.values()
+             for stmt in blk.body if type(getattr(stmt, "value", None)).__name__ in ("Global", "FreeVar")}
+    names = {bound.get(stmt.value.func.name) for blk in func_ir.blocks.values() for stmt in blk.body
+             if getattr(getattr(stmt, "value", None), "op", None) == "call"}
+    return names & {"range_dim", "ndrange_dim", "shape_space", "space_total", "space_index"}
+
+
+# (loop header, what the flat index maps to, space intrinsics the task still calls on (cpu, cuda))
+_LOOPS = {
+    "range(n)": ("for i in range(n):", lambda n: np.arange(max(n, 0)), (set(), set())),
+    "range(lo, n)": ("for i in range(3, n):", lambda n: np.arange(3, max(n, 3)),
+                     ({"space_index"}, {"range_dim", "space_total", "space_index"})),
+    "range(n, lo, -2)": ("for i in range(n, 1, -2):", lambda n: np.arange(n, 1, -2) if n > 1 else np.arange(0),
+                         ({"space_index"}, {"range_dim", "space_total", "space_index"})),
+    "field": ("for i in a:", lambda n: np.arange(40), (set(), {"shape_space", "space_total"})),
+    "field with offset": ("for i in d:", lambda n: np.arange(-5, 35),
+                          ({"space_index"}, {"shape_space", "space_total", "space_index"})),
+}
+
+
+@pytest.mark.no_cuda_compile_check   # the CUDA cut is checked here directly
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_flat_index_is_the_loop_variable(target, loop, rng):
+    """A loop over ``range(n)`` or a 1-d field without offset binds its variable to the flat index
+    itself, and a GPU task loops to ``n`` directly: no space or ``space_index`` in the task (each
+    statement is typed and lowered per task). Other loops keep them; every loop visits the same
+    indices as Python, for counts from negative to past the field."""
+    header, expected, (on_cpu, on_cuda) = _LOOPS[loop]
+    a, b = qd.field(qd.f32, shape=(40,)), qd.field(qd.i32, shape=(40,))
+    d = qd.field(qd.i32, shape=(40,), offset=(-5,))
+    ns = {"qd": qd, "a": a, "b": b, "d": d}
+    source = (f"def visit(n: qd.i32):\n    {header}\n        b[(i + 45) % 40] += 1 + i * 0\n"
+              if loop != "field with offset" else f"def visit(n: qd.i32):\n    {header}\n        b[i + 5] += 1\n")
+    exec(source, ns)
+    visit = qd.kernel(ns["visit"])
+    types_ = {"n": types.int32}
+    if target == "cpu":
+        state = _cpu_state(visit, types_)
+        abi, units = cpu.CpuTaskABI.for_state(state), [u for u in state.task_plan.units if u.kind == "range_for"]
+    else:
+        state, temp_types = _cuda_state(visit, types_)
+        abi, units = _cuda_abi(state, temp_types), state.task_plan.units
+    (cut,) = _cut_all(state, abi, units)[2]
+    assert _space_calls(cut.func_ir) == (on_cpu if target == "cpu" else on_cuda)
+    if target == "cuda" and loop == "range(n)":
+        assert "$qd_space" not in cut.params and "$qd_total" not in cut.params
+    for n in (-3, 0, 1, 17, 40):
+        b.from_numpy(np.zeros(40, np.int32))
+        visit(n)
+        want = np.zeros(40, np.int32)
+        np.add.at(want, (expected(n) + 45) % 40 if loop != "field with offset" else expected(n) + 5, 1)
+        np.testing.assert_array_equal(b.to_numpy(), want, err_msg=f"{loop}, n={n}")

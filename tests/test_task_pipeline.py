@@ -168,3 +168,37 @@ def test_triggers_see_what_they_look_for():
 def test_task_pipeline_option_is_checked():
     with pytest.raises(qd.QuadrantsConfigError, match="task_pipeline"):
         config.config_from_env(task_pipeline="fast")
+
+
+def test_lean_post_processing_gives_numbas_entry_variables(monkeypatch, rng, arch):
+    """Inside a gated pipeline Numba's post-processing leaves the variables live on entry to each
+    block for when they are read. Checked after every post-processing of real task compiles
+    (both flavours where numba-cuda is there: the CUDA compile check runs here too): the lazy
+    mapping is not computed until read, and then equals what Numba's own post-processing computes
+    for the same IR."""
+    flavours = ["numba.core"] + (["numba.cuda.core"] if numba_cuda_importable() else [])
+    checked = collections.Counter()
+    for flavour in flavours:
+        task_pipeline._install_lean_post_processing(flavour)
+        postproc = __import__(f"{flavour}.postproc", fromlist=["PostProcessor"])
+        lean = postproc.PostProcessor.run
+        numbas = lean.__wrapped__
+
+        def checking(self, emit_dels=False, extend_lifetimes=False, _lean=lean, _numbas=numbas, _pp=postproc,
+                     _flavour=flavour):
+            result = _lean(self, emit_dels, extend_lifetimes)
+            entry_vars = self.func_ir.block_entry_vars
+            if isinstance(entry_vars, task_pipeline._EntryVars):
+                assert entry_vars._pending is not None     # nothing computed yet
+                lazy = {id(block): set(entry_vars[block]) for block in self.func_ir.blocks.values()}
+                _numbas(_pp.PostProcessor(self.func_ir))      # Numba's, on the same IR
+                eager = {id(block): set(self.func_ir.block_entry_vars[block])
+                         for block in self.func_ir.blocks.values()}
+                assert lazy == eager
+                checked[_flavour] += 1
+            return result
+
+        monkeypatch.setattr(postproc.PostProcessor, "run", checking)
+    _f, _g, fields_only, _with_ndarray = _programs()
+    fields_only(1.5)
+    assert checked["numba.core"] >= 10 and (len(flavours) == 1 or checked["numba.cuda.core"] >= 10)

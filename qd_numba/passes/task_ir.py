@@ -12,6 +12,12 @@ the inputs, then either starts the range-for over the ABI's flat range (jumping 
 header) or enters the serial region; leaving the task returns None. Labels are the kernel's
 shifted by one (label 0 is the new entry).
 
+A loop over ``range(n)`` or a 1-d field binds its variable to the flat index itself
+(:func:`flat_is_index`, :func:`_direct_flat_index`), and a GPU task recomputing ``range(n)`` loops
+to ``n`` (:func:`recomputed_range_stop`): the space and ``space_index`` the offloader writes for
+every loop are left out of such a task (Numba types and lowers each statement of a task, ~0.4 ms apiece on a GPU
+host).
+
 Cost: linear in the task's own size. Each call copies only the unit's blocks and recomputed
 statements, sharing the kernel's variable scope (``copy_ir``), and reads the live-ins PlanTasks
 found with its one liveness analysis of the kernel: no whole-kernel analysis per task.
@@ -25,7 +31,9 @@ import collections
 import dataclasses
 import keyword
 
-from .base import copy_ir, derive_ir, exec_stub
+from ..field import ArrayData
+from ..lowering import spaces
+from .base import copy_ir, derive_ir, exec_stub, try_static
 from .ir_builder import emit_call, retarget, successors
 from .plan_tasks import Unit
 
@@ -115,6 +123,107 @@ class TaskABI:
         return None
 
 
+def range_stop(state, space):
+    """``n`` when the kernel's ``space`` variable is ``range_dim(n)`` (``range(n)``: start 0, step
+    1, one dimension, so the flat index is the loop variable and the trip count is ``max(n, 0)``);
+    else None."""
+    d = state.definition(space)
+    if getattr(d, "op", None) == "call" and len(d.args) == 1 and try_static(state, d.func) is spaces.range_dim:
+        return d.args[0]
+    return None
+
+
+def flat_is_index(state, space) -> bool:
+    """Whether the index of flat position k in the kernel's ``space`` variable is k itself: a
+    ``range(n)``, or the space of a 1-d field or array known at compile time with no offset."""
+    if range_stop(state, space) is not None:
+        return True
+    d = state.definition(space)
+    if not (getattr(d, "op", None) == "call" and len(d.args) == 1 and try_static(state, d.func) is spaces.shape_space):
+        return False
+    data = try_static(state, d.args[0])
+    return (isinstance(data, ArrayData) and data.shape is not None and len(data.shape) == 1
+            and not any(data.offset or ()))
+
+
+def recomputed_range_stop(state, unit, emit: Emitter):
+    """``n`` when ``unit``'s trip count is ``space_total(range_dim(n))``, recomputed by the task
+    from an ``n`` bound in it (``emit``'s statements: the count is not loaded); else None."""
+    ir = emit.ir
+    bound = {s.target.name: s.value for s in emit.body if isinstance(s, ir.Assign)}
+    total = bound.get(unit.loop.total_var.name)
+    if not (isinstance(total, ir.Expr) and total.op == "call" and len(total.args) == 1):
+        return None
+    fn = bound.get(total.func.name)
+    if not (isinstance(fn, ir.Global) and fn.value is spaces.space_total):
+        return None
+    stop = range_stop(state, total.args[0])
+    return stop if stop is not None and stop.name in bound else None
+
+
+_PURE_SETUP = (spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total, spaces.space_index)
+
+
+def _drop_unused_setup(ir, entry: list, mentions) -> None:
+    """Drop the entry's constants, globals and space computations (``_PURE_SETUP``) that nothing
+    in the task reads (what a direct range loop left unused). ``mentions``: the body's counts."""
+    uses = collections.Counter()
+    for stmt in entry:
+        uses.update(v.name for v in stmt.list_vars() if not (isinstance(stmt, ir.Assign) and v is stmt.target))
+    pure = {s.target.name for s in entry if isinstance(s, ir.Assign) and isinstance(s.value, ir.Global)
+            and any(s.value.value is fn for fn in _PURE_SETUP)}
+    kept = []
+    for stmt in reversed(entry):
+        value = getattr(stmt, "value", None)
+        if isinstance(stmt, ir.Assign) and uses[stmt.target.name] == 0 and mentions[stmt.target.name] == 0 and (
+                isinstance(value, (ir.Const, ir.Global, ir.FreeVar))
+                or (isinstance(value, ir.Expr) and value.op == "call" and value.func.name in pure)):
+            for v in stmt.list_vars():
+                if v is not stmt.target:
+                    uses[v.name] -= 1
+            continue
+        kept.append(stmt)
+    entry[:] = reversed(kept)
+
+
+def _direct_flat_index(state, body: dict, mentions) -> None:
+    """In a copied range-for body, ``i = static_getitem(space_index(space, flat), 0)`` (the
+    offloader's binding of the loop variable) becomes ``i = flat`` where the flat index is the index
+    (:func:`flat_is_index`; both are int64), with the ``space_index`` call and its global dropped
+    when nothing else reads them. ``mentions`` (variable -> statements naming it) is kept up to
+    date."""
+    ir = state.ir
+    defs = {}
+    for blk in body.values():
+        for stmt in blk.body:
+            value = getattr(stmt, "value", None)
+            if isinstance(stmt, ir.Assign) and isinstance(value, (ir.Global, ir.Expr)):
+                defs[stmt.target.name] = (blk, stmt)
+    for blk in body.values():
+        for k, stmt in enumerate(blk.body):
+            value = getattr(stmt, "value", None)
+            if not (isinstance(stmt, ir.Assign) and isinstance(value, ir.Expr) and value.op == "static_getitem"
+                    and value.index == 0 and mentions[value.value.name] == 2 and value.value.name in defs):
+                continue   # (the index tuple: defined once, read here only)
+            idx_blk, idx_stmt = defs[value.value.name]
+            call = idx_stmt.value
+            if not (call.op == "call" and len(call.args) == 2 and call.func.name in defs):
+                continue
+            fn_blk, fn_stmt = defs[call.func.name]
+            space, flat = call.args
+            if not (isinstance(fn_stmt.value, ir.Global) and fn_stmt.value.value is spaces.space_index
+                    and flat_is_index(state, space)):
+                continue
+            blk.body[k] = ir.Assign(flat, stmt.target, stmt.loc)
+            idx_blk.body.remove(idx_stmt)
+            mentions[value.value.name] = 0
+            mentions[space.name] -= 1
+            mentions[call.func.name] -= 1
+            if mentions[call.func.name] == 1:     # its definition only
+                fn_blk.body.remove(fn_stmt)
+                mentions[call.func.name] = 0
+
+
 def _param_name(var_name: str, k: int, taken) -> str:
     if var_name.isidentifier() and not keyword.iskeyword(var_name) and var_name not in taken:
         return var_name
@@ -143,11 +252,14 @@ def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
         holder = ir.Block(scope, loc)
         holder.body = list(unit.recompute)
         recompute = [s for s in copy_ir(ir, holder).body if not isinstance(s.value, ir.Arg)]
-
-    reads = set()
+    mentions = collections.Counter()    # variable -> statements of the body naming it (targets too)
     for blk in body.values():
         for s in blk.body:
-            reads.update(v.name for v in s.list_vars())
+            mentions.update(v.name for v in s.list_vars())
+    if unit.kind == "range_for":
+        _direct_flat_index(state, body, mentions)
+
+    reads = {name for name, n in mentions.items() if n > 0}
     for s in recompute:
         reads.update(v.name for v in s.list_vars())
     if unit.kind == "range_for":
@@ -200,6 +312,8 @@ def cut_task(state, unit: Unit, abi: TaskABI) -> TaskIR:
                     unit.ret_var = term.value.name
                     abi.store_return(state, unit, tail, lead_vars, term.value)
                 blk.body = blk.body[:-1] + tail.body + [ir.Jump(epi_label, term.loc)]
+    if unit.kind == "range_for":
+        _drop_unused_setup(ir, emit.body, mentions)
     new_blocks[0].body = emit.body
     new_blocks.update(body)
     CUT_COUNTS["tasks"] += 1

@@ -355,7 +355,7 @@ class CpuTaskABI(TaskABI):
         return cls({f"__qd_field_{k}": (k, field_token(f, state.config.debug)) for k, f in enumerate(state.hidden)})
 
     def parameters(self, state, unit, reads):
-        live = [n for n in unit.live_ins if n not in self.fields]
+        live = [n for n in unit.live_ins if n not in self.fields and n in reads]
         return live + [CTX] if any(n in self.fields for n in reads) else live
 
     def bind_inputs(self, state, unit, emit, leading, reads):

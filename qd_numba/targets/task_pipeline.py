@@ -17,14 +17,22 @@ there, so the compile is the same whenever the pass could change anything:
   expressions, string-literal subscripts, arrays of constants); without one, the post-processing
   only.
 
+Numba's post-processing runs after every pass that changes the CFG and inside several passes
+(about seven times per task); besides canonicalising the CFG it computes, eagerly, the variables
+live on entry to each block, which only object-mode lowering and generators read. While a gated
+pipeline runs (on its thread) that mapping is computed when first read instead
+(:func:`_lean_run`): the rest of the post-processing is unchanged, as is every result.
+
 ``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
 (the differential check: tests/test_task_pipeline.py compiles programs both ways).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import threading
 
 from .. import config
 
@@ -107,12 +115,99 @@ def _gated_pass(base, flavour: str):
     return machinery.register_pass(mutates_CFG=info.mutates_CFG, analysis_only=info.analysis_only)(gated)
 
 
+# -- post-processing without the eager block-entry variables ----------------------------------------
+
+_lean = threading.local()     # depth: gated pipelines running on this thread
+
+
+class _EntryVars(dict):
+    """``FunctionIR.block_entry_vars`` as Numba's post-processing leaves it for the IR's blocks
+    (block -> the variables live on entry), computed from the post-processing's
+    ``VariableLifetime`` when first read. (Numba updates one mapping in place, so it also keeps
+    entries of blocks the IR no longer has; nothing reads those.)"""
+
+    def __init__(self, flavour: str, lifetime):
+        super().__init__()
+        self._pending = (flavour, lifetime)
+
+    def _force(self) -> None:
+        if self._pending is None:
+            return
+        flavour, vlt = self._pending
+        self._pending = None
+        analysis = importlib.import_module(f"{flavour}.analysis")
+        blocks = vlt._blocks
+        live = analysis.compute_live_variables(vlt.cfg, blocks, vlt.usedefs.defmap, vlt.deadmaps.combined)
+        for offset, block in blocks.items():
+            dict.__setitem__(self, block, live[offset])
+
+    def _forcing(name):  # noqa: N805 (a helper of the class body)
+        method = getattr(dict, name)
+
+        def forced(self, *args, **kwargs):
+            self._force()
+            return method(self, *args, **kwargs)
+        forced.__name__ = name
+        return forced
+
+    for _name in ("__getitem__", "__contains__", "__iter__", "__len__", "__repr__", "__eq__", "get", "keys",
+                  "values", "items", "copy", "pop", "setdefault", "__setitem__", "__delitem__", "update"):
+        locals()[_name] = _forcing(_name)
+    del _name, _forcing
+
+
+@functools.cache
+def _install_lean_post_processing(flavour: str) -> None:
+    """Wrap ``flavour``'s ``PostProcessor.run``: inside a gated pipeline (and not for a generator,
+    nor when deleting variables) the block-entry variables become an :class:`_EntryVars`."""
+    postproc = importlib.import_module(f"{flavour}.postproc")
+    transforms = importlib.import_module(f"{flavour}.transforms")
+    original = postproc.PostProcessor.run
+
+    def run(self, emit_dels: bool = False, extend_lifetimes: bool = False):
+        func_ir = self.func_ir
+        if emit_dels or not getattr(_lean, "depth", 0) or func_ir.is_generator:
+            if isinstance(func_ir.block_entry_vars, _EntryVars):
+                func_ir.block_entry_vars = {}    # Numba's run fills in every block
+            return original(self, emit_dels, extend_lifetimes)
+        func_ir.blocks = transforms.canonicalize_cfg(func_ir.blocks)
+        lifetime = postproc.VariableLifetime(func_ir.blocks)
+        func_ir.variable_lifetime = lifetime
+        func_ir.block_entry_vars = _EntryVars(flavour, lifetime)
+        func_ir.generator_info = None
+        return None
+
+    run.__wrapped__ = original
+    postproc.PostProcessor.run = run
+
+
+@contextlib.contextmanager
+def _lean_post_processing():
+    _lean.depth = getattr(_lean, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _lean.depth -= 1
+
+
+@functools.cache
+def _lean_manager(base):
+    """``base`` (a PassManager class) whose ``run`` post-processes leanly."""
+
+    def run(self, state):
+        with _lean_post_processing():
+            return base.run(self, state)
+
+    return type(f"Lean{base.__name__}", (base,), {"run": run, "__module__": __name__})
+
+
 def gate(pass_manager, flavour: str):
-    """A copy of ``pass_manager`` (finalised) with the passes of :data:`_GATES` gated, unless
-    ``task_pipeline`` is ``"full"``."""
+    """A copy of ``pass_manager`` (finalised) with the passes of :data:`_GATES` gated and lean
+    post-processing, unless ``task_pipeline`` is ``"full"``."""
     if config.current.task_pipeline == "full":
         return pass_manager
-    gated = type(pass_manager)(pass_manager.pipeline_name)
+    _install_lean_post_processing(flavour)
+    gated = _lean_manager(type(pass_manager))(pass_manager.pipeline_name)
     for cls, description in pass_manager.passes:
         if getattr(cls, "_name", None) in _GATES:
             cls = _gated_pass(cls, flavour)

@@ -537,7 +537,7 @@ class LoweredTask:
         lib, ccn = self.library, self.ccn
         t0 = time.perf_counter()
         with profiler.stage("NVVM"):
-            ptx = lib.get_asm_str(cc=ccn)
+            ptx = task_ptx(lib, ccn)
         t1 = time.perf_counter()
         _link_helpers(lib, self.nrt, ptx)
         with profiler.stage("nvJitLink"):
@@ -791,6 +791,46 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 
 _NRT_EXTERN = re.compile(r"\.extern\s+\.func\s+(?:\s*\(.+\)\s*)?(NRT_\w+)\s*\([^)]*\)\s*;")
+
+
+# what a task's NVVM IR may declare and still need nothing from libdevice: NVVM's own intrinsics and
+# LLVM intrinsics that PTX has instructions for
+_NO_LIBDEVICE = ("llvm.nvvm.", "llvm.memcpy.", "llvm.memset.", "llvm.memmove.", "llvm.lifetime.", "llvm.assume",
+                 "llvm.dbg.", "llvm.expect.", "llvm.ctpop.", "llvm.ctlz.", "llvm.cttz.", "llvm.bswap.",
+                 "llvm.smax.", "llvm.smin.", "llvm.umax.", "llvm.umin.", "llvm.abs.", "llvm.fabs.", "llvm.fma.",
+                 "llvm.sadd.with.overflow.", "llvm.uadd.with.overflow.", "llvm.ssub.with.overflow.",
+                 "llvm.usub.with.overflow.", "llvm.smul.with.overflow.", "llvm.umul.with.overflow.")
+_DECLARED = re.compile(r'^declare\b[^@\n]*@"?([^"(\s]+)', re.MULTILINE)
+
+
+def needs_libdevice(irs: Sequence[str]) -> bool:
+    """Whether NVVM IR modules declare a function that libdevice could define (anything but the
+    intrinsics of ``_NO_LIBDEVICE``)."""
+    return any(not name.startswith(_NO_LIBDEVICE) for ir in irs for name in _DECLARED.findall(ir))
+
+
+def task_ptx(lib: Any, ccn: tuple) -> str:
+    """``lib.get_asm_str(cc=ccn)`` (cached in the library as numba-cuda does, so its link reuses
+    it) without handing NVVM libdevice when the IR calls nothing of it: numba-cuda adds libdevice
+    to every compilation (lazily, so the PTX is the same), and reading it is ~15% of NVVM's time
+    for a small task. Debug, LTO and assembly-dump compiles take numba-cuda's path."""
+    from numba.cuda.core import config as cuda_config
+    from numba.cuda.cudadrv import nvrtc, nvvm
+
+    options = dict(lib._nvvm_options)
+    irs = lib.llvm_strs
+    if "g" in options or lib._lto or cuda_config.DUMP_ASSEMBLY or needs_libdevice(irs):
+        return lib.get_asm_str(cc=ccn)
+    options["arch"] = nvrtc.get_arch_option(*ccn)
+    if options.pop("fastmath", False):   # as numba-cuda's nvvm.compile_ir
+        options.update({"ftz": True, "fma": True, "prec_div": False, "prec_sqrt": False})
+    unit = nvvm.CompilationUnit(options)
+    for ir in irs:
+        unit.add_module(nvvm.llvm_replace(ir).encode("utf8"))
+    unit.verify()
+    ptx = unit.compile().decode().strip("\x00").strip()
+    lib._ptx_cache[ccn] = [ptx]
+    return ptx
 
 
 def _link_helpers(lib: Any, nrt: bool, ptx: str) -> None:

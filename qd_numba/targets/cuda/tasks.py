@@ -18,7 +18,7 @@ import operator
 from ...lowering import device, reduce, spaces
 from ...passes.base import MISSING, try_static
 from ...passes.plan_tasks import _assignments, _dedupe, _Slicer, _value_vars
-from ...passes.task_ir import TaskABI
+from ...passes.task_ir import TaskABI, recomputed_range_stop
 
 PARAM_CTX, PARAM_TMP = "qd_ctx", "qd_tmp"
 
@@ -76,7 +76,11 @@ class CudaTaskABI(TaskABI):
                 value = getattr(stmt, "value", None)
                 if getattr(value, "op", None) == "call" and try_static(state, value.func) is reduce.reduce_step:
                     return super().loop_iterable(state, unit, emit, leading)
-        return emit.call(device.grid_loop, [emit.var(unit.loop.total_var.name)], emit.var("$qd_range_call"))
+        # range(n) recomputed here: the loop runs to n itself (below a negative n, no iteration)
+        stop = recomputed_range_stop(state, unit, emit)
+        if stop is None:
+            stop = emit.var(unit.loop.total_var.name)
+        return emit.call(device.grid_loop, [stop], emit.var("$qd_range_call"))
 
     def store_live_outs(self, state, unit, emit, leading):
         for name, slot in sorted(unit.stores.items(), key=lambda kv: kv[1]):

@@ -201,4 +201,5 @@ def test_lean_post_processing_gives_numbas_entry_variables(monkeypatch, rng, arc
         monkeypatch.setattr(postproc.PostProcessor, "run", checking)
     _f, _g, fields_only, _with_ndarray = _programs()
     fields_only(1.5)
-    assert checked["numba.core"] >= 10 and (len(flavours) == 1 or checked["numba.cuda.core"] >= 10)
+    # the kernel compiles for its arch (the CUDA compile check runs beside a CPU compile)
+    assert checked["numba.core" if arch == "cpu" else "numba.cuda.core"] >= 10

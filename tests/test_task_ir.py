@@ -324,6 +324,7 @@ def _space_calls(func_ir) -> set:
 # (loop header, what the flat index maps to, space intrinsics the task still calls on (cpu, cuda))
 _LOOPS = {
     "range(n)": ("for i in range(n):", lambda n: np.arange(max(n, 0)), (set(), set())),
+    "range(True)": ("for i in range(True):", lambda n: np.arange(1), (set(), set())),   # range takes a bool
     "range(lo, n)": ("for i in range(3, n):", lambda n: np.arange(3, max(n, 3)),
                      ({"space_index"}, {"range_dim", "space_total", "space_index"})),
     "range(n, lo, -2)": ("for i in range(n, 1, -2):", lambda n: np.arange(n, 1, -2) if n > 1 else np.arange(0),

@@ -122,7 +122,7 @@ def grid_loop(typingctx, stop):
     """The grid-stride iteration of this thread below ``stop`` (from :func:`grid_start` by
     :func:`grid_stride`), rolled: one call, as a task's prologue is typed and lowered statement by
     statement (~0.4 ms each)."""
-    if not isinstance(stop, types.Integer):
+    if not isinstance(stop, (types.Integer, types.Boolean)):   # what range() takes
         return None
 
     def codegen(context, builder, sig, args):

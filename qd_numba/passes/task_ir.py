@@ -15,8 +15,8 @@ shifted by one (label 0 is the new entry).
 A loop over ``range(n)`` or a 1-d field binds its variable to the flat index itself
 (:func:`flat_is_index`, :func:`_direct_flat_index`), and a GPU task recomputing ``range(n)`` loops
 to ``n`` (:func:`recomputed_range_stop`): the space and ``space_index`` the offloader writes for
-every loop are left out of such a task (Numba types and lowers each statement of a task, ~0.4 ms apiece on a GPU
-host).
+every loop are left out of such a task (Numba types and lowers each statement of a task, ~0.4 ms
+apiece on a GPU host).
 
 Cost: linear in the task's own size. Each call copies only the unit's blocks and recomputed
 statements, sharing the kernel's variable scope (``copy_ir``), and reads the live-ins PlanTasks

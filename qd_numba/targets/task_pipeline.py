@@ -21,7 +21,8 @@ Numba's post-processing runs after every pass that changes the CFG and inside se
 (about seven times per task); besides canonicalising the CFG it computes, eagerly, the variables
 live on entry to each block, which only object-mode lowering and generators read. While a gated
 pipeline runs (on its thread) that mapping is computed when first read instead
-(:func:`_lean_run`): the rest of the post-processing is unchanged, as is every result.
+(:func:`_install_lean_post_processing`): the rest of the post-processing is unchanged, as is
+every result.
 
 ``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
 (the differential check: tests/test_task_pipeline.py compiles programs both ways).
@@ -141,19 +142,23 @@ class _EntryVars(dict):
         for offset, block in blocks.items():
             dict.__setitem__(self, block, live[offset])
 
-    def _forcing(name):  # noqa: N805 (a helper of the class body)
-        method = getattr(dict, name)
 
-        def forced(self, *args, **kwargs):
-            self._force()
-            return method(self, *args, **kwargs)
-        forced.__name__ = name
-        return forced
+def _forcing(name: str):
+    """The dict method ``name`` of :class:`_EntryVars`, computing the mapping first."""
+    method = getattr(dict, name)
 
-    for _name in ("__getitem__", "__contains__", "__iter__", "__len__", "__repr__", "__eq__", "get", "keys",
-                  "values", "items", "copy", "pop", "setdefault", "__setitem__", "__delitem__", "update"):
-        locals()[_name] = _forcing(_name)
-    del _name, _forcing
+    def forced(self, *args, **kwargs):
+        self._force()
+        return method(self, *args, **kwargs)
+
+    forced.__name__ = name
+    return forced
+
+
+for _name in ("__getitem__", "__contains__", "__iter__", "__len__", "__repr__", "__eq__", "get", "keys", "values",
+              "items", "copy", "pop", "setdefault", "__setitem__", "__delitem__", "update"):
+    setattr(_EntryVars, _name, _forcing(_name))
+del _name
 
 
 @functools.cache

@@ -203,3 +203,35 @@ def test_lean_post_processing_gives_numbas_entry_variables(monkeypatch, rng, arc
     fields_only(1.5)
     # the kernel compiles for its arch (the CUDA compile check runs beside a CPU compile)
     assert checked["numba.core" if arch == "cpu" else "numba.cuda.core"] >= 10
+
+
+def test_frontend_post_processes_leanly_and_copies_leave_the_results_out():
+    """The bytecode frontend post-processes each function it reads (twice) the lean way too, and
+    a copy of a kernel's IR (passes/base.copy_ir, once per compile) starts without Numba's
+    post-processing results, which describe the IR they were computed on: no pass of ours reads
+    them, and Numba computes them again for the task IRs it compiles."""
+    from qd_numba.passes.base import IRTools, copy_ir
+
+    f = qd.field(qd.f32, shape=N)
+
+    def body():
+        for i in f:
+            f[i] = f[i] * 2.0
+
+    for mode, lean in (("gated", True), ("full", False)):
+        saved = config.current.task_pipeline
+        config.current.task_pipeline = mode
+        try:
+            kernel = qd.kernel(body)
+            for tools in (IRTools.for_cpu(),) + ((IRTools.for_cuda(),) if numba_cuda_importable() else ()):
+                func_ir = kernel.frontend_ir(tools)
+                assert isinstance(func_ir.block_entry_vars, task_pipeline._EntryVars) == lean
+                if lean:
+                    assert func_ir.block_entry_vars._pending is not None
+                    assert not {"cfg", "usedefs", "livemap"} & set(vars(func_ir.variable_lifetime))
+                copied = copy_ir(tools.ir, func_ir)
+                assert copied.variable_lifetime is None and copied.block_entry_vars == {}
+                assert func_ir.variable_lifetime is not None     # the original keeps its own
+                assert sorted(copied.blocks) == sorted(func_ir.blocks)
+        finally:
+            config.current.task_pipeline = saved

@@ -27,8 +27,11 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # q
 
 
 def run_frontend(tools, fn, name):
+    from ..targets.task_pipeline import lean_post_processing
+
     try:
-        return tools.run_frontend(fn)
+        with lean_post_processing(tools.ir.__name__.rsplit(".", 1)[0]):
+            return tools.run_frontend(fn)
     except numba_errors.UnsupportedError as e:
         raise QuadrantsSyntaxError(f"in '{name}': unsupported Python construct: {e}") from None
     except Exception as e:

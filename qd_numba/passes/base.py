@@ -268,6 +268,12 @@ def copy_ir(ir, obj):
     memo = {}
     if hasattr(obj, "func_id"):  # it pickles the function, closure cells included
         memo[id(obj.func_id)] = obj.func_id
+    if hasattr(obj, "variable_lifetime"):
+        # Numba's post-processing results (variable lifetimes, block-entry variables) describe the
+        # IR as it was; the copy starts without them, as a new FunctionIR does (Numba recomputes
+        # them where it needs them; no pass of ours reads them)
+        memo[id(obj.variable_lifetime)] = None
+        memo[id(obj.block_entry_vars)] = {}
     for block in blocks:
         if not hasattr(obj, "blocks"):
             # copies of blocks inside one function share its scope, so that names the copies

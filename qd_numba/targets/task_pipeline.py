@@ -195,6 +195,19 @@ def _lean_post_processing():
         _lean.depth -= 1
 
 
+@contextlib.contextmanager
+def lean_post_processing(flavour: str):
+    """Numba's post-processing on this thread leaves the block-entry variables for when they are
+    read (as in a gated pipeline), unless ``task_pipeline`` is ``"full"``: for the bytecode
+    frontend (frontend/diagnostics.py), which post-processes every function it reads twice."""
+    if config.current.task_pipeline == "full":
+        yield
+        return
+    _install_lean_post_processing(flavour)
+    with _lean_post_processing():
+        yield
+
+
 @functools.cache
 def _lean_manager(base):
     """``base`` (a PassManager class) whose ``run`` post-processes leanly."""

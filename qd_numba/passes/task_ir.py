@@ -33,9 +33,9 @@ import keyword
 
 from ..field import ArrayData
 from ..lowering import spaces
-from .base import copy_ir, derive_ir, exec_stub, try_static
+from .base import MISSING, copy_ir, derive_ir, exec_stub, try_static
 from .ir_builder import emit_call, retarget, successors
-from .plan_tasks import Unit
+from .plan_tasks import _PURE_CALLS, Unit
 
 CUT_COUNTS = collections.Counter()   # "statements" copied or created, "tasks" cut
 LABEL_SHIFT = 1                      # a task function's label of a kernel block: the kernel's + 1
@@ -123,14 +123,19 @@ class TaskABI:
         return None
 
 
+def _sole_argument(state, var, fn):
+    """The argument of ``fn(x)`` when the kernel's ``var`` is defined by exactly that call."""
+    d = state.definition(var)
+    if getattr(d, "op", None) == "call" and len(d.args) == 1 and try_static(state, d.func) is fn:
+        return d.args[0]
+    return None
+
+
 def range_stop(state, space):
     """``n`` when the kernel's ``space`` variable is ``range_dim(n)`` (``range(n)``: start 0, step
     1, one dimension, so the flat index is the loop variable and the trip count is ``max(n, 0)``);
     else None."""
-    d = state.definition(space)
-    if getattr(d, "op", None) == "call" and len(d.args) == 1 and try_static(state, d.func) is spaces.range_dim:
-        return d.args[0]
-    return None
+    return _sole_argument(state, space, spaces.range_dim)
 
 
 def flat_is_index(state, space) -> bool:
@@ -138,10 +143,8 @@ def flat_is_index(state, space) -> bool:
     ``range(n)``, or the space of a 1-d field or array known at compile time with no offset."""
     if range_stop(state, space) is not None:
         return True
-    d = state.definition(space)
-    if not (getattr(d, "op", None) == "call" and len(d.args) == 1 and try_static(state, d.func) is spaces.shape_space):
-        return False
-    data = try_static(state, d.args[0])
+    shaped = _sole_argument(state, space, spaces.shape_space)
+    data = MISSING if shaped is None else try_static(state, shaped)
     return (isinstance(data, ArrayData) and data.shape is not None and len(data.shape) == 1
             and not any(data.offset or ()))
 
@@ -161,11 +164,12 @@ def recomputed_range_stop(state, unit, emit: Emitter):
     return stop if stop is not None and stop.name in bound else None
 
 
-_PURE_SETUP = (spaces.range_dim, spaces.ndrange_dim, spaces.shape_space, spaces.space_total, spaces.space_index)
+_PURE_SETUP = (*_PURE_CALLS, spaces.space_index)
 
 
 def _drop_unused_setup(ir, entry: list, mentions) -> None:
-    """Drop the entry's constants, globals and space computations (``_PURE_SETUP``) that nothing
+    """Drop the entry's constants, globals and pure calls (``_PURE_SETUP``: the planner's, and
+    ``space_index``) that nothing
     in the task reads (what a direct range loop left unused). ``mentions``: the body's counts."""
     uses = collections.Counter()
     for stmt in entry:

@@ -337,6 +337,32 @@ def test_toolchain_versions_are_recorded_and_then_read_without_loading_the_libra
     assert toolchain.versions() == real and asked == [1]
 
 
+def test_the_set_up_thread_reads_the_record_before_the_first_lookup(fresh_toolchain, monkeypatch):
+    """qd.init(arch=cuda)'s thread (runtime._set_up) takes the versions from the record, so the
+    first lookup reads nothing; a stale record is left alone there and asked at that lookup."""
+    from qd_numba.targets.cuda import runtime
+
+    real, libraries = toolchain._ask()
+    offline_cache.store_blob(toolchain._record_key(), (real, libraries))
+    asked, built = [], []
+    monkeypatch.setattr(toolchain, "_ask", lambda: asked.append(1) or (real, libraries))
+    monkeypatch.setattr(runtime, "_build_launchers", lambda entry_points: built.append(toolchain._known))
+    _new_process(monkeypatch)
+    runtime._set_up(None)
+    assert built == [real] and not asked
+    load_blob = offline_cache.load_blob
+    monkeypatch.setattr(offline_cache, "load_blob", lambda *a: pytest.fail("read again"))
+    assert toolchain.versions() == real
+    monkeypatch.setattr(offline_cache, "load_blob", load_blob)
+
+    _new_process(monkeypatch)
+    stale = tuple((path, size + 1, mtime) for path, size, mtime in libraries)
+    offline_cache.store_blob(toolchain._record_key(), ("nvvm-old", stale))
+    toolchain.read_record()
+    assert toolchain._known is None and not asked
+    assert toolchain.versions() == real and asked == [1]
+
+
 def test_a_record_that_disagrees_with_the_libraries_is_rewritten_by_the_first_compile(fresh_toolchain, monkeypatch):
     real, libraries = toolchain._ask()
     offline_cache.store_blob(toolchain._record_key(), ("nvvm-recorded", libraries))

@@ -87,15 +87,15 @@ class LaunchPlan:
     back. It takes the kernel's arguments followed by the views of its ndarray arguments.
     """
 
-    def __init__(self, kernel, artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev, field_table,
+    def __init__(self, kernel, artifact_key, launches, cells, params, totals_fn, static_totals, context_buffer, tmp,
                  ret, fields=(), written=(), written_args=()):
         self.kernel, self.launches = kernel, launches
         self.cells = cells                  # runtime param name -> list of ctypes cells
         self.params = params                # (name, kind) per kernel parameter, call order
         self.totals_fn = totals_fn
         self.static_totals = static_totals
-        self.tmp_dev = tmp_dev
-        self.field_table = field_table      # the device table the context parameter points to (and tmp_dev)
+        self.context_buffer = context_buffer    # the device table the context parameter points to, and the temporaries
+        self.tmp = tmp                          # the temporaries' device address
         self.ret = ret                      # (byte offset, numpy dtype, element count) or None
         self.tasks = [launch.task for launch in launches]
         self.rt = CudaRuntime.get()
@@ -184,7 +184,7 @@ class LaunchPlan:
 
     def _result(self):
         off, dt, count = self.ret
-        raw = self.tmp_dev[off:off + dt.itemsize * count].copy_to_host()
+        raw = self.rt.read_bytes(self.tmp + off, dt.itemsize * count)
         return read_return(raw, dt, self.kernel.return_type)
 
     def _make_runner(self, on_stream=False, prepare=False):
@@ -700,9 +700,8 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     order of its context slots), ``functions`` the (module, function) of each task's cubin,
     ``adstacks`` the adstacks of a gradient kernel (``CompileState.adstacks``; never cached)."""
     rt = CudaRuntime.get()
-    field_table, tmp_dev = rt.context_buffers(fields, max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES)
-    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(int(field_table.device_ctypes_pointer.value))],
-             cuda_tasks.PARAM_TMP: [ctypes.c_uint64(int(tmp_dev.device_ctypes_pointer.value))]}
+    context_buffer, table, tmp = rt.context_buffers(fields, max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES)
+    cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(table)], cuda_tasks.PARAM_TMP: [ctypes.c_uint64(tmp)]}
     for t in binary.tasks:
         for name in t.runtime_args:
             if name not in cells:  # same Numba type in every task -> same slots
@@ -728,8 +727,8 @@ def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) ->
     runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
     written, written_args = written_by([launch.task for launch in launches], len(runtime_positions), list(fields),
                                        kernel.autodiff_mode == "reverse")
-    plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, tmp_dev,
-                      field_table, binary.ret, fields, written, tuple(runtime_positions[r] for r in written_args))
+    plan = LaunchPlan(kernel, binary.artifact_key, launches, cells, params, totals_fn, static_totals, context_buffer,
+                      tmp, binary.ret, fields, written, tuple(runtime_positions[r] for r in written_args))
     if adstacks:  # a gradient kernel with loops inside a task: size the adstacks per launch
         rows = {launch.task.uid: launch.grid * launch.block for launch in launches}
         plan.run = adstack.wrap_cuda_run(plan.run, adstacks, kernel, list(fields), rows.__getitem__, rt)

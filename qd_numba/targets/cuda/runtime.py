@@ -344,14 +344,27 @@ def _build_launchers(entry_points=None) -> None:
         on_native(built)
 
 
+def _set_up(entry_points) -> None:
+    """The work of :func:`start_launchers`' thread: the toolchain versions the offline cache's
+    keys need (from their record, toolchain.py), then the launchers."""
+    from . import toolchain
+
+    try:
+        toolchain.read_record()
+    except Exception:   # the first lookup reads it again and reports what is wrong
+        pass
+    _build_launchers(entry_points)
+
+
 def start_launchers(entry_points=None) -> None:
     """Build the native launch loops on a thread (once per process; ``entry_points``: the
-    addresses of ``cuLaunchKernel`` and ``cuEventRecord``, the driver's by default)."""
+    addresses of ``cuLaunchKernel`` and ``cuEventRecord``, the driver's by default), after
+    reading the toolchain's versions for the offline cache (:func:`_set_up`)."""
     global _launchers_thread
     with _launchers_lock:
         if _launchers_thread is not None or _launchers is not None:
             return
-        _launchers_thread = threading.Thread(target=_build_launchers, args=(entry_points,),
+        _launchers_thread = threading.Thread(target=_set_up, args=(entry_points,),
                                              name="qd_numba launchers", daemon=True)
         _launchers_thread.start()
 
@@ -476,13 +489,15 @@ class CudaRuntime:
         """A kernel instance's device buffers, in one allocation: the table of the data pointers
         of ``fields`` (its fields, in the order of its context slots; field buffers never move,
         so it is written once), then ``tmp_bytes`` of zeroed temporaries at the next 64-byte
-        boundary. Returns (the whole buffer, the temporaries' view)."""
+        boundary. Returns (the allocation, freed when it is dropped; the table's address; the
+        temporaries' address). A raw allocation: a device array costs ~0.1 ms more of Python,
+        in a cached kernel's first call."""
         for f in fields:
             f.claim()           # a field of an earlier qd.init is our error (field.py)
             ensure_device(f)
         head = -(-8 * max(1, len(fields)) // 64) * 64
         table = np.array([f._dev.device_ctypes_pointer.value for f in fields], np.uint64)
-        buf = self.cuda.device_array(head + tmp_bytes, np.uint8)
+        buf = self.context.memalloc(head + tmp_bytes)
         address = int(buf.device_ctypes_pointer.value)
         drv = _driver()
         if len(fields):
@@ -490,7 +505,14 @@ class CudaRuntime:
             _check(drv.cuMemcpyHtoD(address, table.ctypes.data, table.nbytes), "cuMemcpyHtoD(field table)")
         if tmp_bytes:
             _check(drv.cuMemsetD8(address + head, 0, tmp_bytes), "cuMemsetD8(temporaries)")
-        return buf, buf[head:]
+        return buf, address, address + head
+
+    def read_bytes(self, address: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes of device memory at ``address`` (after the work queued before)."""
+        raw = np.empty(nbytes, np.uint8)
+        if nbytes:
+            _check(_driver().cuMemcpyDtoH(raw.ctypes.data, address, nbytes), "cuMemcpyDtoH")
+        return raw
 
     def device_words(self, count: int):
         """A device buffer of ``count`` int64 words and its address (adstack heaps)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 
 from ... import config, offline_cache
 
@@ -26,6 +27,7 @@ _ENVIRONMENT = ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CONDA_PREFIX")
 
 _known: str | None = None   # this process's versions string, once recorded or asked
 _asked = False              # whether this process asked the libraries
+_lock = threading.RLock()   # qd.init's set-up thread reads the record (runtime.py) while a kernel may compile
 
 
 def _record_key() -> str:
@@ -54,14 +56,21 @@ def _ask() -> tuple[str, tuple]:
 def versions() -> str:
     """The toolchain part of a cubin's cache key: recorded (no library loaded) or asked."""
     global _known
-    if _known is None:
-        recorded = offline_cache.load_blob(_record_key()) if config.current.offline_cache else None
-        if (isinstance(recorded, tuple) and len(recorded) == 2 and recorded[1]
-                and all(lib is not None and _identity(lib[0]) == lib for lib in recorded[1])):
-            _known = recorded[0]
-        else:
-            _known = confirm()
-    return _known
+    if _known is not None:
+        return _known
+    with _lock:
+        if _known is None:
+            _known = _recorded() or confirm()
+        return _known
+
+
+def _recorded() -> str | None:
+    """The versions of this environment's record if its libraries are unchanged on disk."""
+    recorded = offline_cache.load_blob(_record_key()) if config.current.offline_cache else None
+    if (isinstance(recorded, tuple) and len(recorded) == 2 and recorded[1]
+            and all(lib is not None and _identity(lib[0]) == lib for lib in recorded[1])):
+        return recorded[0]
+    return None
 
 
 def confirm() -> str:
@@ -69,11 +78,22 @@ def confirm() -> str:
     them anyway); a record that disagrees is rewritten, and this process's keys follow the real
     versions."""
     global _known, _asked
-    if _asked:
-        return _known
-    real, libraries = _ask()
-    _asked = True
-    if real != _known and config.current.offline_cache and all(lib is not None for lib in libraries):
-        offline_cache.store_blob(_record_key(), (real, libraries))
-    _known = real
-    return real
+    with _lock:
+        if _asked:
+            return _known
+        real, libraries = _ask()
+        _asked = True
+        if real != _known and config.current.offline_cache and all(lib is not None for lib in libraries):
+            offline_cache.store_blob(_record_key(), (real, libraries))
+        _known = real
+        return real
+
+
+def read_record() -> None:
+    """Take the versions from the record now, unless known (qd.init's set-up thread, runtime.py:
+    a process's first cache lookup then finds them, ~0.25 ms less on the H200 host). A missing
+    or stale record is left to that lookup, which asks the libraries."""
+    global _known
+    with _lock:
+        if _known is None:
+            _known = _recorded()

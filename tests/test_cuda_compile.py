@@ -21,6 +21,7 @@ from llvmlite import ir as llir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, overload, register_model
 
+from qd_numba.errors import QuadrantsCompilationError
 from qd_numba.lowering import device
 from qd_numba.targets.cuda import compile as cc
 
@@ -522,6 +523,22 @@ def test_nvvm_without_libdevice_gives_numba_cudas_ptx(monkeypatch, fastmath):
     _assert_cubin(compiled)
 
 
+def test_nvvm_rejecting_a_tasks_ir_is_our_error_with_nvvms_log():
+    """``task_ptx`` runs no separate verifier: NVVM's compile rejects bad IR itself, and the
+    error carries its log (numba-cuda's error gives the status code alone)."""
+    from types import SimpleNamespace
+
+    plain = cc.lower_task(_build_axpy3_ir(3.0), _AXPY3_TYPES, cc=CC)
+    (good,) = plain.library.llvm_strs
+    bad = good + 'define void @"qd_bad"(i32* %p) {\n  %x = load i32, i32* %p\n  store i64 %x, i32* %p\n  ret void\n}\n'
+    lib = SimpleNamespace(_nvvm_options=dict(plain.library._nvvm_options), llvm_strs=[bad], _lto=False,
+                          _ptx_cache={})
+    with pytest.raises(QuadrantsCompilationError, match="NVVM rejected a task's IR: .*'%x' defined with type 'i32'"):
+        cc.task_ptx(lib, plain.ccn)
+    lib.llvm_strs = [good]
+    assert cc.task_ptx(lib, plain.ccn) == plain.finish().ptx
+
+
 def test_libdevice_check_reads_every_declaration():
     ir = 'declare i32 @"llvm.nvvm.read.ptx.sreg.tid.x"()\ndeclare void @llvm.memset.p0i8.i64(i8*, i8, i64, i1)\n'
     assert not cc.needs_libdevice([ir])
@@ -636,7 +653,7 @@ def test_atomic_rmw_compiles(op, dtype):
 def test_raw_atomicrmw_fadd_is_rejected_by_nvvm():
     # libNVVM's IR parser predates `atomicrmw fadd`: the reason cuda_atomic_rmw exists.  If this
     # starts passing, a newer libNVVM accepts it and cuda_atomic_rmw could emit it directly.
-    with pytest.raises(Exception, match="ERROR_INVALID_IR|nvvm"):
+    with pytest.raises(QuadrantsCompilationError, match="NVVM rejected a task's IR: .*atomicrmw"):
         _compile_py(_k_raw_fadd, (types.float32[::1], types.float32[::1]), cc=CC)
 
 

@@ -426,7 +426,7 @@ def compile_state(kernel, param_types, templates):
     return untyped_compile(kernel, IRTools.for_cuda(), param_types, templates, CODEGEN_STAGES)
 
 
-def compile_tasks(kernel, state, cc, field_slot, codegen=None):
+def compile_tasks(kernel, state, cc, field_slot, codegen=None, meanwhile=None):
     """Compile every task kernel to a cubin. Each task is typed once, by numba-cuda as it lowers
     it, in program order: a value that crosses tasks through a temporary takes the type it has in
     the task that stores it, and the Tasks get their types from the typed task kernels together
@@ -435,7 +435,9 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
     no temporary may first lower in forked worker processes (fork_lowering.py). Returns
     (plan_ir, [(unit, task IR, compiled)], Numba type of each value passed through a temporary,
     the return value's as "$qd_return"). ``codegen``: what finishes the lowered tasks instead of
-    NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py)."""
+    NVVM + nvJitLink (the AMDGPU target's, targets/amdgpu/codegen.py). ``meanwhile(plan_ir,
+    units, temp types)``: work that needs no cubin, run while the last tasks are finishing (a
+    1-loop kernel's whole NVVM + nvJitLink comes after its lowering)."""
     from numba.cuda.descriptor import cuda_target
 
     from .compile import DeviceCodegen, lower_task
@@ -476,11 +478,13 @@ def compile_tasks(kernel, state, cc, field_slot, codegen=None):
             return_type = stored.get("$qd_temp_store_ret", return_type)
             pieces.append(piece)
             lowered.append((unit, tk))
+        typer.assign(pieces, return_type, cuda_target.typing_context)
+        temp_types = dict(temp_types)
+        if plan_ir.ret_slot is not None:
+            temp_types["$qd_return"] = plan_ir.return_type
+        if meanwhile is not None:
+            meanwhile(plan_ir, [unit for unit, _tk in lowered], temp_types)
         compiled = device_codegen.results()
-    typer.assign(pieces, return_type, cuda_target.typing_context)
-    temp_types = dict(temp_types)
-    if plan_ir.ret_slot is not None:
-        temp_types["$qd_return"] = plan_ir.return_type
     return plan_ir, [(unit, tk, c) for (unit, tk), c in zip(lowered, compiled)], temp_types
 
 
@@ -548,10 +552,29 @@ def compile_check(kernel, param_types, templates, cc=(9, 0), codegen=None):
     (the AMDGPU compile check finishes the same lowered tasks both ways)."""
     with gc_paused(), profiler.compiling(kernel.qualname, "cuda (compile check)"):
         state = compile_state(kernel, param_types, templates)
-        plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state), codegen)
-        binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(cc))
+        plan_ir, compiled, binary, _ = _compile(kernel, state, cc, codegen)
         host_totals(kernel, binary.totals, state.hidden)  # the launcher's host code too
     return compiled
+
+
+def _compile(kernel, state, cc, codegen=None, rt=None) -> tuple:
+    """(plan IR, compiled tasks, :class:`PlanBinary`, context buffers) of a kernel instance's
+    untyped state. What needs no cubin is done while the last tasks finish: the binary's other
+    parts and, given the runtime ``rt``, the toolchain's versions asked (:func:`toolchain.confirm`:
+    the compile loads the libraries anyway, and the keys then name the toolchain that made the
+    code) and the context buffers (:meth:`CudaRuntime.context_buffers`; else None)."""
+    done = {}
+
+    def meanwhile(plan_ir, units, temp_types):
+        if rt is not None:
+            toolchain.confirm()
+            done["buffers"] = rt.context_buffers(state.hidden, max(1, plan_ir.temp_slots) * device.TEMP_SLOT_BYTES)
+        done["target"] = cache_target(cc)
+        done["parts"] = plan_parts(kernel, state, plan_ir, units, temp_types, done["target"])
+
+    plan_ir, compiled, temp_types = compile_tasks(kernel, state, cc, kernel_field_slots(state), codegen, meanwhile)
+    binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, done["target"], done["parts"])
+    return plan_ir, compiled, binary, done.get("buffers")
 
 
 def host_totals(kernel, totals, fields):
@@ -629,26 +652,44 @@ def cache_target(cc) -> str:
     return f"cuda-sm{''.join(map(str, cc))}-{toolchain.versions()}"
 
 
-def plan_binary(kernel, state, plan_ir, compiled, temp_types, target) -> PlanBinary:
-    """The :class:`PlanBinary` of :func:`compile_tasks`' output; needs no GPU."""
-    # Tasks are stored without their Numba types (compile-time data that does not pickle)
-    binaries = tuple(TaskBinary(dataclasses.replace(unit.task, types=None), unit.kind, c.cubin, c.entry_name,
-                                tuple(tk.params), tuple((s.arg_name, s.fmt) for s in c.param_layout),
-                                c.error_symbol, _raises(c))
-                     for unit, tk, c in compiled)
+@dataclasses.dataclass(frozen=True)
+class PlanParts:
+    """What a :class:`PlanBinary` holds besides its tasks' code: made before the cubins exist."""
+
+    ret: tuple | None
+    totals: tuple | None
+    artifact_key: str
+    static_totals: tuple | None
+
+
+def plan_parts(kernel, state, plan_ir, units, temp_types, target) -> PlanParts:
+    """The :class:`PlanParts` of a kernel instance whose tasks are ``units`` (in program order)."""
     ret = None
     if plan_ir.ret_slot is not None:
         ret = (plan_ir.ret_slot * device.TEMP_SLOT_BYTES, *return_slot(temp_types["$qd_return"]))
     param_ndims = {name: getattr(ty, "ndim", None) for name, ty in state.param_types.items()}
     runtime_positions = [i for i, p in enumerate(kernel.params) if p.kind != "template"]
-    src, env = cuda_tasks.totals_source(state, [u for u, _, _ in compiled], param_ndims, runtime_positions)
+    src, env = cuda_tasks.totals_source(state, units, param_ndims, runtime_positions)
     slots = {id(f): k for k, f in enumerate(state.hidden)}
     totals = None if src is None else (src, {name: FieldSlot(slots[id(v)]) if id(v) in slots else v
                                              for name, v in env.items()})
     key = artifact_key(kernel, state.param_types, state.template_values, state.hidden, state.config, target)
     if totals is not None and "args[" not in src:
-        return PlanBinary(binaries, plan_ir.temp_slots, ret, None, key, host_totals(kernel, totals, state.hidden)[1])
-    return PlanBinary(binaries, plan_ir.temp_slots, ret, totals, key)
+        return PlanParts(ret, None, key, host_totals(kernel, totals, state.hidden)[1])
+    return PlanParts(ret, totals, key, None)
+
+
+def plan_binary(kernel, state, plan_ir, compiled, temp_types, target, parts: PlanParts | None = None) -> PlanBinary:
+    """The :class:`PlanBinary` of :func:`compile_tasks`' output (``parts``: its
+    :func:`plan_parts`, made here if not given); needs no GPU."""
+    if parts is None:
+        parts = plan_parts(kernel, state, plan_ir, [u for u, _, _ in compiled], temp_types, target)
+    # Tasks are stored without their Numba types (compile-time data that does not pickle)
+    binaries = tuple(TaskBinary(dataclasses.replace(unit.task, types=None), unit.kind, c.cubin, c.entry_name,
+                                tuple(tk.params), tuple((s.arg_name, s.fmt) for s in c.param_layout),
+                                c.error_symbol, _raises(c))
+                     for unit, tk, c in compiled)
+    return PlanBinary(binaries, plan_ir.temp_slots, parts.ret, parts.totals, parts.artifact_key, parts.static_totals)
 
 
 def _raises(compiled) -> dict:
@@ -671,18 +712,16 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
             binary, hidden_paths, functions = loaded
             return launch_plan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
     state = compile_state(kernel, param_types, templates)
-    plan_ir, compiled, temp_types = compile_tasks(kernel, state, rt.cc, kernel_field_slots(state))
-    toolchain.confirm()
+    plan_ir, compiled, binary, buffers = _compile(kernel, state, rt.cc, rt=rt)
     rt.plan_builds += 1
     kernel.compile_count += 1
-    binary = plan_binary(kernel, state, plan_ir, compiled, temp_types, cache_target(rt.cc))
     with profiler.stage("module load"):
         functions = [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
     # a gradient kernel with adstacks sizes them from compile-time data: compiled in every process
     hidden_paths = place.hidden_paths(state.hidden) if place is not None and not state.adstacks else None
     if hidden_paths is not None:
         offline_cache.store(place, (binary, hidden_paths), (binary, hidden_paths, functions))
-    return launch_plan(kernel, binary, state.hidden, functions, state.adstacks)
+    return launch_plan(kernel, binary, state.hidden, functions, state.adstacks, buffers)
 
 
 def _load_modules(payload) -> tuple:
@@ -695,12 +734,15 @@ def _load_modules(payload) -> tuple:
     return binary, hidden_paths, [rt.load_function(t.cubin, t.entry_name) for t in binary.tasks]
 
 
-def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None) -> LaunchPlan:
+def launch_plan(kernel, binary: PlanBinary, fields, functions, adstacks=None, buffers=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of a compiled kernel instance: ``fields`` are its fields (in the
     order of its context slots), ``functions`` the (module, function) of each task's cubin,
-    ``adstacks`` the adstacks of a gradient kernel (``CompileState.adstacks``; never cached)."""
+    ``adstacks`` the adstacks of a gradient kernel (``CompileState.adstacks``; never cached),
+    ``buffers`` its :meth:`CudaRuntime.context_buffers` if made already."""
     rt = CudaRuntime.get()
-    context_buffer, table, tmp = rt.context_buffers(fields, max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES)
+    if buffers is None:
+        buffers = rt.context_buffers(fields, max(1, binary.temp_slots) * device.TEMP_SLOT_BYTES)
+    context_buffer, table, tmp = buffers
     cells = {cuda_tasks.PARAM_CTX: [ctypes.c_uint64(table)], cuda_tasks.PARAM_TMP: [ctypes.c_uint64(tmp)]}
     for t in binary.tasks:
         for name in t.runtime_args:

@@ -235,3 +235,53 @@ def test_frontend_post_processes_leanly_and_copies_leave_the_results_out():
                 assert sorted(copied.blocks) == sorted(func_ir.blocks)
         finally:
             config.current.task_pipeline = saved
+
+
+def _flag_classes():
+    from numba.core import compiler
+
+    classes = [compiler.Flags]
+    if numba_cuda_importable():
+        from numba.cuda.flags import CUDAFlags
+
+        classes.append(CUDAFlags)
+    return classes
+
+
+@pytest.mark.parametrize("base", _flag_classes(), ids=lambda c: c.__module__)
+def test_lean_flags_hash_compare_and_read_as_numbas(base, rng):
+    """Lean flags (task_pipeline.lean_flags) hash, compare and list their values as Numba's flags
+    of the same options do, after every change, and against Numba's own flags objects."""
+    lean = task_pipeline._lean_flags(base)
+    assert lean is not base and issubclass(lean, base)
+    bools = [name for name, option in base.options.items() if option.type is bool]
+    for _ in range(20):
+        chosen = rng.choice(bools, size=6, replace=False)
+        ours, theirs = lean(), base()
+        for name in chosen:
+            value = bool(rng.integers(2))
+            setattr(ours, name, value)
+            setattr(theirs, name, value)
+        assert ours.values() == theirs.values() and hash(ours) == hash(theirs)
+        assert ours == theirs and theirs == ours and ours == ours.copy() and type(ours.copy()) is lean
+        before = ours.copy()
+        name = str(rng.choice(chosen))
+        setattr(ours, name, not getattr(ours, name))      # a change after the values were memoised
+        assert ours.values()[name] == getattr(ours, name) != before.values()[name]
+        assert ours != theirs and ours != before and hash(ours) == hash(theirs)
+        delattr(ours, name)                                # back to the option's default
+        assert ours.values() == base(theirs).values() | {name: base.options[name].default}
+        unset = lean()
+        setattr(unset, name, base.options[name].default)   # a default set explicitly equals the unset one
+        assert unset == lean() and unset == base()
+    cache = {base(): "numba's"}
+    assert cache[lean()] == "numba's"     # one key for Numba's template caches
+
+
+def test_full_task_pipeline_keeps_numbas_flags(monkeypatch):
+    from numba.core import compiler
+
+    monkeypatch.setattr(config.current, "task_pipeline", "full")
+    assert task_pipeline.lean_flags(compiler.Flags) is compiler.Flags
+    monkeypatch.setattr(config.current, "task_pipeline", "gated")
+    assert task_pipeline.lean_flags(compiler.Flags) is task_pipeline._lean_flags(compiler.Flags)

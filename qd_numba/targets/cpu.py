@@ -65,7 +65,9 @@ def ensure_threading_layer() -> None:
 
 
 def compile_flags(debug: bool, entry: bool) -> compiler.Flags:
-    flags = compiler.Flags()
+    from .task_pipeline import lean_flags
+
+    flags = lean_flags(compiler.Flags)()
     flags.nrt = True
     flags.error_model = "numpy"         # no ZeroDivisionError checks: Quadrants semantics
     flags.boundscheck = bool(debug)

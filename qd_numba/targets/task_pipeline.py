@@ -24,6 +24,13 @@ pipeline runs (on its thread) that mapping is computed when first read instead
 (:func:`_install_lean_post_processing`): the rest of the post-processing is unchanged, as is
 every result.
 
+Numba's compile flags (a ``TargetConfig``) compute all their ~50 options, one property each,
+whenever they are hashed or compared: the overload templates key their cache by the flags in force
+(``_get_impl``, about 18 times per task, each a hash and a comparison) and the pass manager renders
+them for every pass's event. :func:`lean_flags` is the flags class whose values are computed once
+per set of explicitly set options and whose comparison with a flags object of the same class and
+the same explicit options is immediate; hashes and comparisons give what Numba's give.
+
 ``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
 (the differential check: tests/test_task_pipeline.py compiles programs both ways).
 """
@@ -217,6 +224,31 @@ def _lean_manager(base):
             return base.run(self, state)
 
     return type(f"Lean{base.__name__}", (base,), {"run": run, "__module__": __name__})
+
+
+def lean_flags(base):
+    """``base`` (a Numba flags class) with its :meth:`values` kept between changes and a quick
+    equality for two objects of this class with the same explicit options (see the module's
+    docstring); ``base`` itself under ``task_pipeline="full"``."""
+    return base if config.current.task_pipeline == "full" else _lean_flags(base)
+
+
+@functools.cache
+def _lean_flags(base):
+    def values(self):
+        explicit = tuple(self._values.items())
+        memo = getattr(self, "_qd_memo", None)
+        if memo is None or memo[0] != explicit:
+            memo = self._qd_memo = (explicit, base.values(self))
+        return dict(memo[1])
+
+    def __eq__(self, other):
+        if type(other) is type(self) and self._values == other._values:
+            return True
+        return base.__eq__(self, other)
+
+    return type(f"Lean{base.__name__}", (base,), {"__slots__": ("_qd_memo",), "values": values, "__eq__": __eq__,
+                                                  "__hash__": base.__hash__, "__module__": __name__})
 
 
 def gate(pass_manager, flavour: str):

@@ -638,6 +638,8 @@ def lower_task(
     from numba.cuda.descriptor import cuda_target
     from numba.cuda.flags import CUDAFlags
 
+    from ..task_pipeline import lean_flags
+
     install_cuda_extensions()
     ccn = _normalise_cc(cc)
     argtypes = tuple(argtypes)
@@ -651,7 +653,7 @@ def lower_task(
     if func_ir.arg_count != len(argtypes):
         raise TypeError(f"FunctionIR takes {func_ir.arg_count} arguments, {len(argtypes)} types given")
 
-    flags = CUDAFlags()
+    flags = lean_flags(CUDAFlags)()
     flags.no_compile = True
     flags.no_cpython_wrapper = True
     flags.no_cfunc_wrapper = True

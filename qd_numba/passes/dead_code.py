@@ -38,30 +38,48 @@ def _is_pure(state, value) -> bool:
 
 def remove_dead_pure(state, labels=None) -> bool:
     """Remove dead pure assignments in the given blocks (all blocks by default), to a fixed
-    point. Returns True if anything was removed."""
+    point. Returns True if anything was removed.
+
+    One scan counts the reads of every variable (by name, over all blocks); removing an
+    assignment takes its reads back, and a variable left unread makes its pure assignments in
+    the given blocks dead in turn: linear in the statements, where re-scanning the IR until
+    nothing changed cost a scan per link of a chain of dead values."""
     ir = state.ir
     blocks = state.func_ir.blocks
     labels = list(blocks) if labels is None else list(labels)
-    removed = False
-    while True:
-        state.refresh_definitions()
-        used = set()
-        for b in blocks.values():
-            for s in b.body:
-                used.update(v.name for v in s.list_vars()
-                            if not (isinstance(s, ir.Assign) and v is s.target))
-        progress = False
-        for lbl in labels:
-            block = blocks[lbl]
-            keep = [s for s in block.body
-                    if not (isinstance(s, ir.Assign) and s.target.name not in used and _is_pure(state, s.value))]
-            if len(keep) != len(block.body):
-                block.body = keep
-                progress = removed = True
-        if not progress:
-            break
     state.refresh_definitions()
-    return removed
+    in_labels = set(labels)
+    reads: dict = {}        # id(assignment in the given blocks) -> the names it reads
+    defs: dict = {}         # name -> its assignments in the given blocks
+    uses: dict = {}
+    for label, block in blocks.items():
+        for stmt in block.body:
+            assign = isinstance(stmt, ir.Assign)
+            names = [v.name for v in stmt.list_vars() if not (assign and v is stmt.target)]
+            for name in names:
+                uses[name] = uses.get(name, 0) + 1
+            if assign and label in in_labels:
+                reads[id(stmt)] = names
+                defs.setdefault(stmt.target.name, []).append(stmt)
+    work = [stmt for name, stmts in defs.items() if not uses.get(name) for stmt in stmts]
+    dead: set = set()
+    while work:
+        stmt = work.pop()
+        if id(stmt) in dead or uses.get(stmt.target.name) or not _is_pure(state, stmt.value):
+            continue
+        dead.add(id(stmt))
+        for name in reads[id(stmt)]:
+            uses[name] -= 1
+            if not uses[name]:
+                work.extend(defs.get(name, ()))
+    if not dead:
+        return False
+    for label in labels:
+        block = blocks[label]
+        if any(id(stmt) in dead for stmt in block.body):
+            block.body = [stmt for stmt in block.body if id(stmt) not in dead]
+    state.refresh_definitions()
+    return True
 
 
 class RemoveDeadPure:

@@ -436,3 +436,23 @@ def test_zero_dimensional_ndarrays(rng):
     scale(x, s, n)
     np.testing.assert_allclose(x.to_numpy(), x0 * s0, rtol=1e-15)
     assert n[()] == 4 and s.to_numpy().shape == ()
+
+
+def test_parameters_named_like_the_call_paths_names(rng):
+    """The generated ``__call__`` and ``call`` share one source (make_caller): parameters named
+    ``call``, ``caller``, ``plans``, ``kernel`` or ``build`` are the kernel's arguments, not the
+    call path's own objects; passed by keyword and position alike."""
+    @qd.kernel
+    def named(call: qd.types.ndarray(dtype=qd.f32, ndim=1), caller: qd.f32, plans: qd.i32,
+              kernel: qd.types.ndarray(dtype=qd.f32, ndim=1), build: qd.f32 = 0.5):
+        for i in range(call.shape[0]):
+            kernel[i] = call[i] * caller + plans + build
+
+    x = rng.uniform(-1, 1, 257).astype(np.float32)
+    out = np.zeros(257, np.float32)
+    named(x, np.float32(1.5), 3, out)
+    _close_f32(out, x.astype(np.float64) * 1.5 + 3.5, ops=2)
+    named(call=x, caller=np.float32(-2.0), plans=-1, kernel=out, build=0.25)
+    _close_f32(out, x.astype(np.float64) * -2.0 - 0.75, ops=2)
+    with pytest.raises(TypeError):
+        named(x, np.float32(1.0))

@@ -90,20 +90,25 @@ class CudaKernel(KernelBackend):
         for p in kernel.params:
             if p.kind == "scalar":
                 p.exact_types = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
-        self.caller = self._make_launcher()
+        self._launcher = self._launcher_source()   # executed with the kernel's __call__ (make_caller)
+        self.caller = self._plan_for = None
         self._device_loop = None
 
     # -- the call path ---------------------------------------------------------------------------
     def make_caller(self):
         """The kernel's ``__call__`` on CUDA: the kernel's parameters (Kernel.caller_prologue),
-        then the launcher's generated ``caller``."""
-        ns = {"caller": self.caller}
+        then the launcher's ``call`` (:meth:`_launcher_source`), generated as one source (one
+        code object to compile, or load from the offline cache, in a process's first call)."""
+        src, ns = self._launcher
         lines, names = self.kernel.caller_prologue(ns)
-        lines.append(f"    return caller({', '.join(names)})")
-        exec_generated("\n".join(lines) + "\n", f"call {self.kernel.qualname}", ns)
+        lines.append(f"    return __qd_call({', '.join(names)})")    # a parameter may be named ``call``
+        exec_generated(src + "__qd_call = call\n" + "\n".join(lines) + "\n", f"cuda call {self.kernel.qualname}", ns)
+        self.caller, self._plan_for = ns["call"], ns["plan_for"]
         return ns["__call__"]
 
     def call(self, *args):
+        if self.caller is None:
+            self.make_caller()
         return self.caller(*args)
 
     def tasks(self, args) -> list:
@@ -116,12 +121,12 @@ class CudaKernel(KernelBackend):
         plan = self.plan_for(args)
         return plan.tasks, plan.fields
 
-    def _make_launcher(self):
-        """Generate this kernel's call path, ``caller(*args)``: views and spec key of the
-        arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars of
-        an exact Python or numpy type pass without a check; anything else is validated.
+    def _launcher_source(self):
+        """(source, namespace) of this kernel's call path, ``call(*args)``: views and spec key of
+        the arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars
+        of an exact Python or numpy type pass without a check; anything else is validated.
         ``plan_for(args)`` and ``call_on(stream, nonblocking, *args)`` (``qd_stream=``) share the
-        source up to the lookup."""
+        source up to the lookup. Executed by :meth:`make_caller`."""
         params = self.kernel.params
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
@@ -154,13 +159,11 @@ class CudaKernel(KernelBackend):
                          f"    return plan.run({', '.join(args + views)})",
                          f"def plan_for({', '.join(args)}):", *(f"    {line}" for line in body),
                          "    return plan"]) + "\n"
-        exec_generated(src, f"cuda call {self.kernel.qualname}", ns)
-        self._plan_for = ns["plan_for"]
         # on a stream, and up to the launch (graphs): made at their first use (a compile() less
         # in a process's first call, docs/compile_time.md)
         self._rare_paths = (args, views, body, ns)
         self._call_on = self._prepare = None
-        return ns["call"]
+        return src, ns
 
     def _make_rare(self, name):
         """Generate ``call_on`` or ``prepare`` of this kernel's call path (at its first use) and
@@ -199,6 +202,8 @@ class CudaKernel(KernelBackend):
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""
+        if self._plan_for is None:
+            self.make_caller()
         return self._plan_for(*args)
 
     def _plan(self, args, view_list, key):

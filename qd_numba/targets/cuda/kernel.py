@@ -102,7 +102,7 @@ class CudaKernel(KernelBackend):
         src, ns = self._launcher
         lines, names = self.kernel.caller_prologue(ns)
         lines.append(f"    return __qd_call({', '.join(names)})")    # a parameter may be named ``call``
-        exec_generated(src + "__qd_call = call\n" + "\n".join(lines) + "\n", f"cuda call {self.kernel.qualname}", ns)
+        exec_generated(src + "__qd_call = call\n" + "\n".join(lines) + "\n", f"call {self.kernel.qualname}", ns)
         self.caller, self._plan_for = ns["call"], ns["plan_for"]
         return ns["__call__"]
 

@@ -144,25 +144,26 @@ def test_template_arguments_and_methods(rng):
 
 
 @qd.kernel(fuse=True)
-def fusable_blocks(a: F64_1D, b: F64_1D):
+def fusable_blocks(a: F64_1D, b: F64_1D, c: F64_1D):
     with qd.stream_parallel():
         for i in range(a.shape[0]):
             a[i] = a[i] * 2.0
         for i in range(a.shape[0]):
             b[i] = b[i] + 1.0
-    with qd.stream_parallel():
+    with qd.stream_parallel():     # runs at the same time as the first block: its own array
         for i in range(a.shape[0]):
-            a[i] = a[i] - 3.0
+            c[i] = c[i] - 3.0 * a.shape[0]
 
 
 def test_fusion_stays_inside_a_block(rng):
-    a, b = rng.uniform(-1, 1, 100), rng.uniform(-1, 1, 100)
-    tasks = fusable_blocks.tasks(a, b)
+    a, b, c = rng.uniform(-1, 1, 100), rng.uniform(-1, 1, 100), rng.uniform(-1, 1, 100)
+    tasks = fusable_blocks.tasks(a, b, c)
     assert [(len(t.fused_from), t.stream_group) for t in tasks] == [(2, 1), (0, 2)]
-    ref_a, ref_b = a * 2.0 - 3.0, b + 1.0
-    fusable_blocks(a, b)
+    ref_a, ref_b, ref_c = a * 2.0, b + 1.0, c - 300.0
+    fusable_blocks(a, b, c)
     np.testing.assert_allclose(a, ref_a, rtol=1e-12)
     np.testing.assert_allclose(b, ref_b, rtol=1e-12)
+    np.testing.assert_allclose(c, ref_c, rtol=1e-12)
 
 
 @qd.kernel

@@ -17,7 +17,7 @@ import pytest
 
 import qd_numba as qd
 from qd_numba import config as qd_config
-from qd_numba.errors import QuadrantsRuntimeError, QuadrantsSyntaxError
+from qd_numba.errors import QuadrantsRuntimeError, QuadrantsSyntaxError, QuadrantsWarning
 from qd_numba.targets.cuda.stream_pool import StreamBlocks, launch_program, stream_blocks
 
 F32_1D = qd.types.ndarray(dtype=qd.f32, ndim=1)
@@ -164,6 +164,71 @@ def test_fusion_stays_inside_a_block(rng):
     np.testing.assert_allclose(a, ref_a, rtol=1e-12)
     np.testing.assert_allclose(b, ref_b, rtol=1e-12)
     np.testing.assert_allclose(c, ref_c, rtol=1e-12)
+
+
+def _block_warnings(kernel, *args) -> list:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel.tasks(*args)
+    return [str(w.message) for w in caught if issubclass(w.category, QuadrantsWarning)]
+
+
+def test_data_shared_between_blocks_is_warned_about(rng):
+    """Data one block stores to and another block uses (or one updates atomically and another
+    loads) races on a GPU, where the blocks run at the same time: a QuadrantsWarning naming the
+    kernel, the data and both blocks' loops. Atomic updates from several blocks, and data used in
+    one block only, are fine."""
+    acc = qd.field(qd.f64, shape=())
+
+    @qd.kernel
+    def store_then_store(a: F64_1D, b: F64_1D):
+        with qd.stream_parallel():
+            for i in range(a.shape[0]):
+                a[i] = a[i] * 2.0
+        with qd.stream_parallel():
+            for i in range(a.shape[0]):
+                a[i] = a[i] - 3.0
+
+    @qd.kernel
+    def store_then_load(a: F64_1D, b: F64_1D):
+        with qd.stream_parallel():
+            for i in range(a.shape[0]):
+                a[i] = 1.0
+        with qd.stream_parallel():
+            for i in range(b.shape[0]):
+                b[i] = a[i] + 1.0
+
+    @qd.kernel
+    def atomic_then_load(a: F64_1D, b: F64_1D):
+        with qd.stream_parallel():
+            for i in range(a.shape[0]):
+                acc[None] += a[i]
+        with qd.stream_parallel():
+            for i in range(b.shape[0]):
+                b[i] = acc[None]
+
+    @qd.kernel
+    def atomics_only(a: F64_1D, b: F64_1D):
+        with qd.stream_parallel():
+            for i in range(a.shape[0]):
+                acc[None] += a[i]
+        with qd.stream_parallel():
+            for i in range(b.shape[0]):
+                acc[None] += b[i]
+
+    a, b = rng.uniform(-1, 1, 8), rng.uniform(-1, 1, 8)
+    (w,) = _block_warnings(store_then_store, a, b)
+    assert "kernel 'store_then_store'" in w and "'a' is written" in w and "stores to it" in w
+    assert w.count("test_stream_parallel.py:") == 2
+    (w,) = _block_warnings(store_then_load, a, b)
+    assert "'a' is written" in w and "loads it" in w
+    (w,) = _block_warnings(atomic_then_load, a, b)
+    assert "'acc' is written" in w and "loads it" in w
+    assert _block_warnings(atomics_only, a, b) == []
+    assert _block_warnings(fusable_blocks, a, b, rng.uniform(-1, 1, 8)) == []
+    assert _block_warnings(three_blocks, a, b, rng.uniform(size=(3, 4)), 0.5) == []
 
 
 @qd.kernel

@@ -23,8 +23,12 @@ a value). Any other ``with`` in a kernel is rejected. Kernels without ``with`` a
 
 from __future__ import annotations
 
-from ..errors import QuadrantsSyntaxError
+import warnings
+import weakref
+
+from ..errors import QuadrantsSyntaxError, QuadrantsWarning
 from ..lang import stream_parallel
+from .accesses import resource_name
 from .base import try_static
 from .ir_builder import successors
 from .plan_tasks import does_work
@@ -204,6 +208,7 @@ class TagSerialStreamGroups:
                                       self._first_work(state, unit))
         if changed:
             state.tasks = [unit.task for unit in plan.units]
+        _warn_racing_blocks(state, [unit.task for unit in plan.units])
         return changed
 
     @staticmethod
@@ -212,3 +217,81 @@ class TagSerialStreamGroups:
         locs = [s.loc for lbl in sorted(unit.labels) for s in blocks[lbl].body
                 if s.loc is not None and does_work(state, s)]
         return min(locs, key=lambda loc: loc.line or 0) if locs else None
+
+
+def _block_uses(tasks) -> dict:
+    """stream group -> {"store" | "atomic" | "load": {resource: the first task making it}} of
+    the accesses the analysis is sure of (a full-index load, a store, an atomic update)."""
+    uses: dict = {}
+    for task in tasks:
+        if not task.stream_group:
+            continue
+        kinds = uses.setdefault(task.stream_group, {"store": {}, "atomic": {}, "load": {}})
+        for access in task.accesses:
+            if access.what in kinds and (access.what != "load" or access.kind == "read"):
+                kinds[access.what].setdefault(access.resource, task)
+    return uses
+
+
+def _data_name(state, resource: int) -> str:
+    """The name a person knows data by: the parameter, the field's ``name=``, else the name the
+    kernel's code reaches the field by (a global, a closure variable, a template argument or an
+    attribute of one), else ``field#k``."""
+    field = state.hidden_by_arg_index(resource)
+    if field is None or getattr(field, "name", None):
+        return resource_name(state, resource)
+    fn = state.func_ir.func_id.func
+    closure = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            closure[name] = cell.cell_contents
+        except ValueError:      # a closure variable not assigned yet
+            pass
+    for scope in (closure.items(), getattr(fn, "__globals__", {}).items(), state.template_values.items()):
+        for name, value in scope:
+            if value is field:
+                return name
+    for owner, value in state.template_values.items():
+        for attr, member in getattr(value, "__dict__", {}).items():
+            if member is field:
+                return f"{owner}.{attr}"
+    return resource_name(state, resource)
+
+
+_warned_races = weakref.WeakKeyDictionary()   # kernel's Python function -> data names warned about
+
+
+def _warn_racing_blocks(state, tasks) -> None:
+    """A ``QuadrantsWarning`` for data one ``qd.stream_parallel()`` block stores to and another
+    block loads, stores to or updates atomically, or that one block updates atomically and
+    another loads (atomic updates from several blocks are fine): the blocks run concurrently on
+    a GPU, so the result depends on timing there. Once per kernel and data (a kernel compiles
+    again per argument types and target), at the first block's loop."""
+    uses = _block_uses(tasks)
+    if len(uses) < 2:
+        return
+    warned = _warned_races.setdefault(state.func_ir.func_id.func, set())
+    for g, mine in uses.items():
+        for h, theirs in uses.items():
+            if g == h:
+                continue
+            clashes = [(r, t, "stores to") for r, t in theirs["store"].items() if r in mine["store"]]
+            clashes += [(r, t, "updates atomically") for r, t in theirs["atomic"].items() if r in mine["store"]]
+            clashes += [(r, t, "loads") for r, t in theirs["load"].items() if r in mine["store"]]
+            # a block that updates data atomically also loads it for ``x[i] += v``: not a read to warn of
+            clashes += [(r, t, "loads") for r, t in theirs["load"].items()
+                        if r in mine["atomic"] and r not in theirs["atomic"]]
+            for resource, other, verb in clashes:
+                name = _data_name(state, resource)
+                if name in warned:
+                    continue
+                warned.add(name)
+                writer = mine["store"].get(resource) or mine["atomic"][resource]
+                first = min((writer, other), key=lambda t: t.stream_group)
+                message = (f"in kernel '{state.kernel_name}': '{name}' is written in the qd.stream_parallel() block "
+                           f"at {writer.loc} and the block at {other.loc} {verb} it; the blocks run at the same "
+                           "time on a GPU, so what each sees depends on timing: use it in one block only (or "
+                           "only atomic updates in both), or split the kernel")
+                filename, _, line = first.loc.rpartition(":")
+                warnings.warn_explicit(message, QuadrantsWarning, filename or "<unknown>",
+                                       int(line) if line.isdigit() else 0)

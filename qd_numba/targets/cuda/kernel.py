@@ -90,26 +90,26 @@ class CudaKernel(KernelBackend):
         for p in kernel.params:
             if p.kind == "scalar":
                 p.exact_types = INT_TYPES if isinstance(p.nbtype, types.Integer) else NUMBER_TYPES
-        self._launcher = self._launcher_source()   # executed with the kernel's __call__ (make_caller)
-        self.caller = self._plan_for = None
+        self.caller, self._plan_for, self._dunder_call = self._call_path()
         self._device_loop = None
 
     # -- the call path ---------------------------------------------------------------------------
     def make_caller(self):
-        """The kernel's ``__call__`` on CUDA: the kernel's parameters (Kernel.caller_prologue),
-        then the launcher's ``call`` (:meth:`_launcher_source`), generated as one source (one
-        code object to compile, or load from the offline cache, in a process's first call)."""
-        src, ns = self._launcher
+        """The kernel's ``__call__`` on CUDA (:meth:`_call_path`)."""
+        return self._dunder_call
+
+    def call(self, *args):
+        return self.caller(*args)
+
+    def _call_path(self):
+        """(``call``, ``plan_for``, ``__call__``): the launcher's (:meth:`_launcher_source`) and
+        the kernel's parameters in front of it (Kernel.caller_prologue), generated as one source
+        (one code object to compile, or load from the offline cache, in a process's first call)."""
+        src, ns = self._launcher_source()
         lines, names = self.kernel.caller_prologue(ns)
         lines.append(f"    return __qd_call({', '.join(names)})")    # a parameter may be named ``call``
         exec_generated(src + "__qd_call = call\n" + "\n".join(lines) + "\n", f"call {self.kernel.qualname}", ns)
-        self.caller, self._plan_for = ns["call"], ns["plan_for"]
-        return ns["__call__"]
-
-    def call(self, *args):
-        if self.caller is None:
-            self.make_caller()
-        return self.caller(*args)
+        return ns["call"], ns["plan_for"], ns["__call__"]
 
     def tasks(self, args) -> list:
         return list(self.plan_for(args).tasks)
@@ -126,7 +126,7 @@ class CudaKernel(KernelBackend):
         the arguments, the plan lookup, then the plan's runner (:func:`_runner_source`). Scalars
         of an exact Python or numpy type pass without a check; anything else is validated.
         ``plan_for(args)`` and ``call_on(stream, nonblocking, *args)`` (``qd_stream=``) share the
-        source up to the lookup. Executed by :meth:`make_caller`."""
+        source up to the lookup. Executed by :meth:`_call_path`."""
         params = self.kernel.params
         args = [f"a{i}" for i in range(len(params))]
         ns = {"Ndarray": Ndarray, "array_view": array_view, "template_key": template_key,
@@ -202,8 +202,6 @@ class CudaKernel(KernelBackend):
 
     def plan_for(self, args):
         """The launch plan these arguments select (built if needed), without launching."""
-        if self._plan_for is None:
-            self.make_caller()
         return self._plan_for(*args)
 
     def _plan(self, args, view_list, key):

@@ -285,3 +285,136 @@ def test_full_task_pipeline_keeps_numbas_flags(monkeypatch):
     assert task_pipeline.lean_flags(compiler.Flags) is compiler.Flags
     monkeypatch.setattr(config.current, "task_pipeline", "gated")
     assert task_pipeline.lean_flags(compiler.Flags) is task_pipeline._lean_flags(compiler.Flags)
+
+
+def _typing_contexts():
+    from numba.core.registry import cpu_target
+
+    contexts = [("cpu", cpu_target.typing_context)]
+    if numba_cuda_importable():
+        from numba.cuda.descriptor import cuda_target
+
+        contexts.append(("cuda", cuda_target.typing_context))
+    return contexts
+
+
+@pytest.mark.parametrize("name, context", _typing_contexts(), ids=lambda v: v if isinstance(v, str) else "")
+def test_call_memo_resolves_calls_as_numba_does(name, context, rng):
+    """Inside a gated pipeline a call resolves to Numba's signature and implementation key, from
+    the first resolution (which finds the template) and from the memo (which applies that template
+    alone); a call no template accepts raises Numba's error both times."""
+    import math
+    import operator
+
+    from numba.core import errors, types
+
+    task_pipeline._install_call_memo()
+    context.refresh()
+    numeric = [types.int8, types.int32, types.int64, types.uint16, types.uint64, types.float32, types.float64,
+               types.complex64, types.boolean]
+    callees = [operator.add, operator.mul, operator.truediv, operator.floordiv, operator.lt, operator.and_,
+               operator.pow, abs, min, max, math.sqrt, math.atan2, math.floor]
+    cases = []
+    for _ in range(60):
+        callee = callees[int(rng.integers(len(callees)))]
+        arity = 1 if callee in (abs, math.sqrt, math.floor) else 2
+        args = [numeric[int(rng.integers(len(numeric)))] for _ in range(arity)]
+        if arity == 2 and rng.integers(3) == 0:
+            args[1] = types.literal(int(rng.integers(-5, 6)))
+        cases.append((callee, tuple(args)))
+    array = types.Array(types.float32, 2, "C")
+    cases += [(operator.getitem, (array, types.UniTuple(types.int64, 2))), (operator.getitem, (array, types.int64)),
+              (operator.setitem, (array, types.UniTuple(types.intp, 2), types.float64)),
+              (operator.add, (types.unicode_type, types.int64))]      # no template accepts this one
+    resolved = 0
+    for callee, args in cases:
+        fnty = context.resolve_value_type(callee)
+        numbas = fnty.get_call_type.__wrapped__
+
+        def numba_result():
+            try:
+                return numbas(fnty, context, args, {})
+            except errors.TypingError as e:
+                return type(e)
+
+        want = numba_result()
+        want_key = fnty._impl_keys.get(want.args) if not isinstance(want, type) else None
+        for _attempt in ("finds the template", "from the memo"):
+            with task_pipeline._lean_post_processing():
+                try:
+                    got = fnty.get_call_type(context, args, {})
+                except errors.TypingError as e:
+                    got = type(e)
+            assert got == want, (name, callee, args)
+            if not isinstance(want, type):
+                assert fnty._impl_keys[got.args] == want_key
+                resolved += 1
+    assert resolved > 2 * 40      # most cases resolve (the rest are Numba's errors, checked the same)
+
+
+def test_call_memo_applies_the_template_that_resolved_the_call():
+    """A memo hit applies only the template that resolved the call before (so an overload or an
+    intrinsic still refreshes what its lowering reads), with the same literal choice; Numba's
+    resolution, outside a gated pipeline, tries the templates in order every time."""
+    from numba.core import types
+    from numba.core.registry import cpu_target
+    from numba.core.typing.templates import AbstractTemplate, signature
+
+    task_pipeline._install_call_memo()
+    applied = []
+
+    class IntsOnly(AbstractTemplate):
+        key = "qd_test_call_memo"
+
+        def generic(self, args, kws):
+            applied.append("ints")
+            if all(isinstance(a, types.Integer) for a in args):
+                return signature(types.int64, *args)
+
+    class Anything(AbstractTemplate):
+        key = "qd_test_call_memo"
+
+        def generic(self, args, kws):
+            applied.append("anything")
+            return signature(types.float64, *args)
+
+    fnty = types.Function((IntsOnly, Anything))
+    context = cpu_target.typing_context
+    for args, want, first, then in (((types.float32,), types.float64, ["ints", "ints", "anything"], ["anything"]),
+                                    ((types.int32,), types.int64, ["ints"], ["ints"])):
+        for expected in (first, then, then):
+            applied.clear()
+            with task_pipeline._lean_post_processing():
+                assert fnty.get_call_type(context, args, {}).return_type == want
+            assert applied == expected
+        applied.clear()
+        assert fnty.get_call_type(context, args, {}).return_type == want      # Numba's own resolution
+        assert applied == first
+
+
+@pytest.mark.parametrize("flavour", ["numba.core"] + (["numba.cuda.core"] if numba_cuda_importable() else []))
+def test_loc_memo_answers_as_numba(flavour):
+    """Whether a lowering implementation takes ``loc``: the same answer as Numba's, for the
+    implementations its target context holds and for functions with and without it."""
+    import importlib
+
+    task_pipeline._install_loc_memo(flavour)
+    base = importlib.import_module(f"{flavour}.base")
+    numbas = base._has_loc.__wrapped__
+
+    def with_loc(context, builder, sig, args, loc=None):
+        return loc
+
+    def without_loc(context, builder, sig, args):
+        return args
+
+    if flavour == "numba.core":
+        from numba.core.registry import cpu_target as target
+    else:
+        from numba.cuda.descriptor import cuda_target as target
+    target.target_context.refresh()
+    impls = [impl for selector in target.target_context._defns.values() for _sig, impl in selector.versions]
+    assert len(impls) > 500
+    for fn in impls + [with_loc, without_loc] * 2:
+        assert base._has_loc(fn) == numbas(fn)
+    assert base._has_loc(with_loc) and not base._has_loc(without_loc)

@@ -31,6 +31,16 @@ them for every pass's event. :func:`lean_flags` is the flags class whose values 
 per set of explicitly set options and whose comparison with a flags object of the same class and
 the same explicit options is immediate; hashes and comparisons give what Numba's give.
 
+Numba resolves a call (an operator, a function, an intrinsic) by trying the callee's templates in
+order, each for literal and non-literal arguments, until one gives a signature: ~7 template
+applications per operator, and lowering resolves every binary operator again. While a gated
+pipeline runs, :func:`_install_call_memo` remembers which template resolved a callee for given
+argument types (and target and flags) and applies that template alone the next time: its
+``apply`` still runs (an overload or an intrinsic refreshes what its lowering reads), only the
+templates that failed before are skipped. A call the memo cannot resolve takes Numba's path,
+errors included. Looking up a lowering implementation, Numba reads the implementation's Python
+signature (whether it takes ``loc``) every time: :func:`_install_loc_memo` keeps the answers.
+
 ``QD_TASK_PIPELINE=full`` (``qd.init(task_pipeline="full")``) runs Numba's pipeline unchanged
 (the differential check: tests/test_task_pipeline.py compiles programs both ways).
 """
@@ -193,6 +203,89 @@ def _install_lean_post_processing(flavour: str) -> None:
     postproc.PostProcessor.run = run
 
 
+# -- call resolution: the template that resolved a call before ---------------------------------------
+
+_resolved: dict = {}   # (callee type, context, args, kws, target, flags) -> (template class, literal args)
+
+
+@functools.cache
+def _install_call_memo() -> None:
+    """Wrap ``BaseFunction.get_call_type`` (Numba's, which numba-cuda shares): inside a gated
+    pipeline the template that resolved the same call before is applied first (see the module's
+    docstring); anywhere else, and when that template no longer gives a signature, Numba's."""
+    from numba.core import targetconfig
+    from numba.core.errors import NumbaError
+    from numba.core.target_extension import get_local_target
+    from numba.core.types import functions
+    from numba.core.utils import order_by_target_specificity
+
+    original = functions.BaseFunction.get_call_type
+    unliteral = functions._unlit_non_poison
+
+    def resolve(self, template, context, literal, args, kws):
+        """``template``'s signature for the call (None if it gives none), its impl key recorded."""
+        if not literal:
+            args, kws = tuple(unliteral(a) for a in args), {k: unliteral(v) for k, v in kws.items()}
+        applied = template(context)
+        sig = applied.apply(args, kws)
+        if sig is not None:
+            self._impl_keys[sig.args] = applied.get_impl_key(sig)
+        return sig
+
+    def get_call_type(self, context, args, kws):
+        if not getattr(_lean, "depth", 0):
+            return original(self, context, args, kws)
+        target = get_local_target(context)
+        try:
+            key = (self, context, tuple(args), tuple(kws.items()), target, targetconfig.ConfigStack.top_or_none())
+            hit = _resolved.get(key)
+        except TypeError:            # an unhashable literal
+            return original(self, context, args, kws)
+        if hit is not None:
+            try:
+                template, literal = hit
+                sig = resolve(self, template, context, literal, args, kws)
+            except NumbaError:
+                sig = None
+            if sig is not None:
+                return sig
+        for template in order_by_target_specificity(target, self.templates, fnkey=self.key[0]):
+            for literal in ((True, False) if template.prefer_literal else (False, True)):
+                try:
+                    sig = resolve(self, template, context, literal, args, kws)
+                except NumbaError:
+                    continue
+                if sig is not None:
+                    _resolved[key] = (template, literal)
+                    return sig
+        return original(self, context, args, kws)    # Numba's error, with every template's failure
+
+    get_call_type.__wrapped__ = original
+    functions.BaseFunction.get_call_type = get_call_type
+
+
+@functools.cache
+def _install_loc_memo(flavour: str) -> None:
+    """Remember ``flavour``'s answer to whether a lowering implementation takes ``loc``: Numba
+    reads the function's signature (``inspect.signature``) at every implementation it looks up,
+    ~9 times per task. Everywhere, not only in gated pipelines: the answer cannot change."""
+    base = importlib.import_module(f"{flavour}.base")
+    original = base._has_loc
+    known: dict = {}
+
+    def has_loc(fn):
+        try:
+            return known[fn]
+        except KeyError:
+            answer = known[fn] = original(fn)
+            return answer
+        except TypeError:       # an unhashable implementation
+            return original(fn)
+
+    has_loc.__wrapped__ = original
+    base._has_loc = has_loc
+
+
 @contextlib.contextmanager
 def _lean_post_processing():
     _lean.depth = getattr(_lean, "depth", 0) + 1
@@ -211,6 +304,8 @@ def lean_post_processing(flavour: str):
         yield
         return
     _install_lean_post_processing(flavour)
+    _install_call_memo()
+    _install_loc_memo(flavour)
     with _lean_post_processing():
         yield
 
@@ -257,6 +352,8 @@ def gate(pass_manager, flavour: str):
     if config.current.task_pipeline == "full":
         return pass_manager
     _install_lean_post_processing(flavour)
+    _install_call_memo()
+    _install_loc_memo(flavour)
     gated = _lean_manager(type(pass_manager))(pass_manager.pipeline_name)
     for cls, description in pass_manager.passes:
         if getattr(cls, "_name", None) in _GATES:

@@ -314,6 +314,40 @@ def test_gc_paused_across_threads():
     assert gc.isenabled()
 
 
+def test_first_compile_leaves_the_set_up_to_the_oldest_generation():
+    """The process's first compile (which builds Numba's registries) ends with one full
+    collection: what it left is in the oldest generation, not in the young ones for the next
+    young and generation-1 collections to scan (targets/untyped.gc_paused). A later compile ends
+    without one."""
+    code = (
+        "import gc, sys\n"
+        "import numpy as np\n"
+        "import qd_numba as qd\n"
+        "qd.init(arch=qd.cpu, offline_cache=False)\n"
+        "f = qd.field(qd.f32, shape=8)\n"
+        "@qd.kernel\n"
+        "def k():\n"
+        "    for i in f:\n"
+        "        f[i] = f[i] * 2.0 + 1.0\n"
+        "@qd.kernel\n"
+        "def k2():\n"
+        "    for i in f:\n"
+        "        f[i] = f[i] - 1.0\n"
+        "x = np.random.default_rng(int(sys.argv[1])).uniform(-1, 1, 8).astype(np.float32)\n"
+        "f.from_numpy(x)\n"
+        "k()\n"
+        "young = len(gc.get_objects(0)) + len(gc.get_objects(1))\n"
+        "old = len(gc.get_objects(2))\n"
+        "full = gc.get_stats()[2]['collections']\n"
+        "k2()\n"
+        "assert np.allclose(f.to_numpy(), x * np.float32(2) + np.float32(1) - 1, rtol=1e-6)\n"
+        "print(young, old, gc.get_stats()[2]['collections'] - full, gc.isenabled())\n"
+    )
+    young, old, full_after, enabled = _fresh_process(code, "7").split()
+    assert int(young) < 5000 < 50000 < int(old)   # the set-up's ~100k+ objects are all old
+    assert full_after == "0" and enabled == "True"
+
+
 # -- process start ---------------------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
 _gc_lock = threading.Lock()
 _gc_holders = 0              # compiles running now (threads, nested compile checks)
 _gc_was_enabled = False      # whether the first of them found the collector on
+_gc_settled = False          # whether the process's first compile ended with a full collection
 
 
 @contextlib.contextmanager
@@ -47,8 +48,14 @@ def gc_paused():
     collector otherwise runs full collections of the whole heap in the middle of it (10-14% of a
     K=32 compile, docs/compile_time.md); what the compile left behind is collected afterwards,
     as usual. Nested and concurrent compiles count: the collector comes back on when the last
-    one ends, and only if it was on before the first began."""
-    global _gc_holders, _gc_was_enabled
+    one ends, and only if it was on before the first began.
+
+    The process's first compile also sets Numba up (its typing and target registries: ~250k
+    objects, young to the collector): it ends with one full collection, so that they are scanned
+    there, once, instead of by the first young, generation-1 and full collections after it (each
+    a ~25-40 ms pause, the later ones in whatever the program runs then: a later compile, a
+    launch)."""
+    global _gc_holders, _gc_was_enabled, _gc_settled
     with _gc_lock:
         if _gc_holders == 0:
             _gc_was_enabled = gc.isenabled()
@@ -60,4 +67,7 @@ def gc_paused():
         with _gc_lock:
             _gc_holders -= 1
             if _gc_holders == 0 and _gc_was_enabled:
+                if not _gc_settled:
+                    _gc_settled = True
+                    gc.collect()
                 gc.enable()

@@ -20,6 +20,8 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
     """The kernel's IR after the untyped pipeline, on ``tools``' IR flavour: the one compile
     set-up every target starts from. Returns the CompileState (its ``tasks`` and ``task_plan``
     say what to build)."""
+    global _gc_compiled
+    _gc_compiled = True
     cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
     with profiler.stage("frontend"):
         func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
@@ -38,6 +40,7 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
 _gc_lock = threading.Lock()
 _gc_holders = 0              # compiles running now (threads, nested compile checks)
 _gc_was_enabled = False      # whether the first of them found the collector on
+_gc_compiled = False         # whether a compile ran (untyped_compile), not only a cache load
 _gc_settled = False          # whether the process's first compile ended with a full collection
 
 
@@ -54,7 +57,8 @@ def gc_paused():
     objects, young to the collector): it ends with one full collection, so that they are scanned
     there, once, instead of by the first young, generation-1 and full collections after it (each
     a ~25-40 ms pause, the later ones in whatever the program runs then: a later compile, a
-    launch)."""
+    launch). Only a compile that ran (the kernel's untyped pipeline), not an offline-cache load:
+    a warm process sets nothing up, and its first launch must not pay a full collection."""
     global _gc_holders, _gc_was_enabled, _gc_settled
     with _gc_lock:
         if _gc_holders == 0:
@@ -67,7 +71,7 @@ def gc_paused():
         with _gc_lock:
             _gc_holders -= 1
             if _gc_holders == 0 and _gc_was_enabled:
-                if not _gc_settled:
+                if _gc_compiled and not _gc_settled:
                     _gc_settled = True
                     gc.collect()
                 gc.enable()

@@ -314,47 +314,6 @@ def test_gc_paused_across_threads():
     assert gc.isenabled()
 
 
-def test_first_compile_leaves_the_set_up_to_the_oldest_generation(tmp_path):
-    """The process's first compile (which builds Numba's registries) ends with one full
-    collection: what it left is in the oldest generation, not in the young ones for the next
-    young and generation-1 collections to scan (targets/untyped.gc_paused). A later compile ends
-    without one, and so does a process whose kernel comes from the offline cache (it set nothing
-    up: its first launch must not pay a full collection)."""
-    code = (
-        "import gc, sys\n"
-        "import numpy as np\n"
-        "import qd_numba as qd\n"
-        "qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=sys.argv[2])\n"
-        "f = qd.field(qd.f32, shape=8)\n"
-        "@qd.kernel\n"
-        "def k():\n"
-        "    for i in f:\n"
-        "        f[i] = f[i] * 2.0 + 1.0\n"
-        "@qd.kernel\n"
-        "def k2():\n"
-        "    for i in f:\n"
-        "        f[i] = f[i] - 1.0\n"
-        "x = np.random.default_rng(int(sys.argv[1])).uniform(-1, 1, 8).astype(np.float32)\n"
-        "f.from_numpy(x)\n"
-        "gc.collect()\n"                      # no automatic full collection can come due in a call
-        "full = gc.get_stats()[2]['collections']\n"
-        "k()\n"
-        "first = gc.get_stats()[2]['collections'] - full\n"
-        "young = len(gc.get_objects(0)) + len(gc.get_objects(1))\n"
-        "old = len(gc.get_objects(2))\n"
-        "full = gc.get_stats()[2]['collections']\n"
-        "k2()\n"
-        "assert np.allclose(f.to_numpy(), x * np.float32(2) + np.float32(1) - 1, rtol=1e-6)\n"
-        "print(first, young, old, gc.get_stats()[2]['collections'] - full, gc.isenabled())\n"
-    )
-    cache = str(tmp_path / "cache")
-    first, young, old, second, enabled = _fresh_process(code, "7", cache).split()
-    assert first == "1" and second == "0" and enabled == "True"
-    assert int(young) < 5000 < 50000 < int(old)   # the set-up's ~100k+ objects are all old
-    first, _young, _old, second, enabled = _fresh_process(code, "8", cache).split()   # both kernels cached
-    assert first == "0" and second == "0" and enabled == "True"
-
-
 # -- process start ---------------------------------------------------------------------------------------
 
 

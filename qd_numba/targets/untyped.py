@@ -20,8 +20,6 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
     """The kernel's IR after the untyped pipeline, on ``tools``' IR flavour: the one compile
     set-up every target starts from. Returns the CompileState (its ``tasks`` and ``task_plan``
     say what to build)."""
-    global _gc_compiled
-    _gc_compiled = True
     cfg = config.current.for_kernel(fuse=kernel.fuse, graph=kernel.graph)
     with profiler.stage("frontend"):
         func_ir = copy_ir(tools.ir, kernel.frontend_ir(tools))
@@ -40,8 +38,6 @@ def untyped_compile(kernel, tools, param_types: dict, templates: dict, codegen_s
 _gc_lock = threading.Lock()
 _gc_holders = 0              # compiles running now (threads, nested compile checks)
 _gc_was_enabled = False      # whether the first of them found the collector on
-_gc_compiled = False         # whether a compile ran (untyped_compile), not only a cache load
-_gc_settled = False          # whether the process's first compile ended with a full collection
 
 
 @contextlib.contextmanager
@@ -51,15 +47,8 @@ def gc_paused():
     collector otherwise runs full collections of the whole heap in the middle of it (10-14% of a
     K=32 compile, docs/compile_time.md); what the compile left behind is collected afterwards,
     as usual. Nested and concurrent compiles count: the collector comes back on when the last
-    one ends, and only if it was on before the first began.
-
-    The process's first compile also sets Numba up (its typing and target registries: ~250k
-    objects, young to the collector): it ends with one full collection, so that they are scanned
-    there, once, instead of by the first young, generation-1 and full collections after it (each
-    a ~25-40 ms pause, the later ones in whatever the program runs then: a later compile, a
-    launch). Only a compile that ran (the kernel's untyped pipeline), not an offline-cache load:
-    a warm process sets nothing up, and its first launch must not pay a full collection."""
-    global _gc_holders, _gc_was_enabled, _gc_settled
+    one ends, and only if it was on before the first began."""
+    global _gc_holders, _gc_was_enabled
     with _gc_lock:
         if _gc_holders == 0:
             _gc_was_enabled = gc.isenabled()
@@ -71,7 +60,4 @@ def gc_paused():
         with _gc_lock:
             _gc_holders -= 1
             if _gc_holders == 0 and _gc_was_enabled:
-                if _gc_compiled and not _gc_settled:
-                    _gc_settled = True
-                    gc.collect()
                 gc.enable()

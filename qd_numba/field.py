@@ -341,6 +341,7 @@ class Field(ArrayData):
     _tree = None         # the SNode tree whose bytes ``_arr`` views (None: a buffer of its own)
     _levels = None       # a blocked layout's (axis, size) per buffer dimension (typing/field.py)
     _pool = None         # below a pointer SNode: snode.PoolLayout (the buffer is the node's pool of blocks)
+    is_scratch = False   # made by the compiler for one kernel instance, which writes it before reading it
 
     def __init__(self, dtype, shape=(), elem_type=None, needs_grad=False, name=None, needs_dual=False,
                  offset=None):
@@ -387,6 +388,14 @@ class Field(ArrayData):
 
     def _device(self):
         return None if self._tree is not None else self._dev
+
+    @staticmethod
+    def scratch(dtype, shape: tuple, name: str) -> Field:
+        """A field of the compiler's own for one kernel instance (a reduction's cells): the
+        offline cache makes a new one for a hit instead of finding it by name."""
+        field = Field(dtype, shape, name=name)
+        field.is_scratch = True
+        return field
 
     @staticmethod
     def _hidden_i32(name: str, shape=None) -> Field:

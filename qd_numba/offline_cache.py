@@ -4,15 +4,22 @@ Keys. An entry is named by its *full key*, computed before anything compiles:
 
 * the *fast key* — the kernel's bytecode (:func:`~qd_numba.frontend.keys.code_key`, line
   numbers left out), its qualified name, argument types, return type, the code-changing
-  configuration (``keys.CODE_CONFIG``), the target (on CUDA: compute capability, NVVM and
-  nvJitLink versions) and the versions of qd_numba, Numba, llvmlite and numba-cuda;
+  configuration (``keys.CODE_CONFIG``), the target (on CUDA: compute capability, NVVM,
+  nvJitLink and numba-cuda versions) and the versions of qd_numba, Numba, llvmlite and Python;
 * the *globals snapshot* (:func:`snapshot`) — every value the compiler may read from Python:
   starting at the names the kernel's code uses (its globals, closure cells and template
-  arguments), following attributes/items by the names the code uses, into every user function
-  reached (``qd.func``, ``@numba.njit`` callees: their bytecode and their own globals). Scalars
-  are described by value, fields and ndarrays by layout (and which paths reach the same field),
-  functions by code; library objects (qd_numba, Numba, numpy) by name, since the versions are in
-  the fast key. A value the snapshot cannot describe makes the kernel uncacheable.
+  arguments), following attributes by the names and identifier string constants the code uses
+  (``getattr(obj, "name")``) and the identifier strings reached (``getattr(obj, NAME)``), every
+  item of a list, tuple or dict (a long list of scalars by a hash of its content), into every
+  user function reached (``qd.func``, ``@numba.njit`` callees, and the methods of a user class
+  that Python calls unnamed: operators, ``__call__``, ``__len__``, construction; their bytecode
+  and their own globals). Scalars are described by value, fields and ndarrays by layout (and
+  which paths reach the same field), functions by code; library objects (qd_numba, Numba, numpy)
+  by name, since the versions are in the fast key. A value the snapshot cannot describe (an
+  object without attributes to follow, a dict key that is not a scalar or tuple of them) makes
+  the kernel uncacheable. What is not followed: state a compile-time call reads without the
+  kernel naming it (a file, the environment, a random generator); such a kernel must not use
+  the cache (``offline_cache=False``).
 
 Neither runs the frontend, so a hit in a fresh process costs a walk over a few dicts, one file
 read and the load of the artefact. The entry stores its full key and the versions; both are
@@ -56,14 +63,14 @@ from .errors import QuadrantsWarning
 from .field import ArrayData
 from .frontend.keys import CODE_CONFIG, code_key, value_key
 
-FORMAT = 4                  # bump when the entry layout or the code generated changes (2: CPU entries take a
+FORMAT = 5                  # bump when the entry layout or the code generated changes (2: CPU entries take a
                             # field table; 3: CUDA grid-stride loops without a trip count; 4: vectorized
-                            # CPU field loops)
+                            # CPU field loops; 5: entries hold their full key's text)
 SUFFIX = ".qdc"
 CODE_SUFFIX = ".qdg"          # generated Python's code objects (generated_code.py)
 _LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")
 _MAX_NODES = 20_000         # a bigger snapshot is uncacheable (a huge object graph reached by name)
-_MAX_ITEMS = 256            # items of a tuple/list/dict followed
+_MAX_ITEMS = 256            # a longer sequence of scalars is described by its content, as one node
 
 
 @dataclasses.dataclass
@@ -86,15 +93,14 @@ _warned: set = set()        # (directory, kind) warned about once
 # -- versions and paths ------------------------------------------------------------------------------
 
 def versions() -> tuple:
-    """The compiler stack an entry depends on."""
+    """The compiler stack every entry depends on (numba-cuda's version is in the target of the
+    CUDA and AMDGPU keys: a CPU entry must not depend on whether numba-cuda was imported)."""
     import llvmlite
     import numba
 
     from . import __version__
 
-    cuda = sys.modules.get("numba_cuda")
-    return (FORMAT, __version__, numba.__version__, llvmlite.__version__,
-            getattr(cuda, "__version__", None), sys.version_info[:2])
+    return (FORMAT, __version__, numba.__version__, llvmlite.__version__, sys.version_info[:2])
 
 
 def version_tag() -> str:
@@ -148,11 +154,29 @@ def _user_function(value):
 
 
 def _code_names(code) -> set:
+    """The attribute names ``code`` may read: its names, and its string constants that are
+    identifiers (``getattr(obj, "scale")``, ``hasattr``), nested code objects included."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, pytypes.CodeType):
             names |= _code_names(c)
+        elif isinstance(c, str) and c.isidentifier():
+            names.add(c)
     return names
+
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, np.generic)
+# methods of a user class that Python calls without naming them (operators, len, in, iteration,
+# calls, truth, conversions, attribute hooks): a compile-time expression may run any of them
+_IMPLICIT_METHODS = frozenset({
+    "__call__", "__getitem__", "__len__", "__iter__", "__next__", "__contains__", "__bool__", "__int__",
+    "__float__", "__index__", "__complex__", "__getattr__", "__getattribute__", "__eq__", "__ne__", "__lt__",
+    "__le__", "__gt__", "__ge__", "__hash__", "__neg__", "__pos__", "__abs__", "__invert__", "__get__",
+    "__mro_entries__", "__reversed__", "__missing__",
+    *(f"__{r}{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
+                                "or", "xor", "lshift", "rshift") for r in ("", "r")),
+})
+_CONSTRUCTION = frozenset({"__new__", "__init__", "__post_init__", "__init_subclass__"})
 
 
 class _Uncacheable(Exception):
@@ -169,6 +193,7 @@ class _Walk:
         self.seen = {}          # id(object) -> path first reached (non-scalars)
         self.functions = []     # user functions reached, in order
         self.keep = []          # objects whose ids are in ``seen``
+        self.strings = set()    # identifier strings reached (``getattr(obj, NAME)`` with a global NAME)
 
     def function_roots(self, fn) -> None:
         where = f"{fn.__module__}.{fn.__qualname__}"
@@ -186,8 +211,10 @@ class _Walk:
     def visit(self, path, value, depth) -> None:
         if len(self.items) > _MAX_NODES or depth > 8:
             raise _Uncacheable(f"too many objects reached from {path[0]}")
-        if isinstance(value, (type(None), bool, int, float, complex, str, bytes, np.generic)):
+        if isinstance(value, _SCALARS):
             self.items.append((path, value_key(value)))
+            if isinstance(value, str) and value.isidentifier():
+                self.strings.add(value)
             return
         first = self.seen.get(id(value))
         if first is not None:
@@ -196,7 +223,9 @@ class _Walk:
         self.seen[id(value)] = path
         self.keep.append(value)
         if isinstance(value, ArrayData):
-            self.items.append((path, value_key(value)))
+            # with whether it has a gradient and a dual: a derivative kernel's code depends on it
+            self.items.append((path, (value_key(value), getattr(value, "grad", None) is not None,
+                                      getattr(value, "dual", None) is not None)))
             self.arrays[path] = value
             return
         if isinstance(value, np.ndarray):
@@ -204,15 +233,23 @@ class _Walk:
                                       hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest())))
             return
         if isinstance(value, (tuple, list)):
+            if len(value) > _MAX_ITEMS and all(isinstance(item, _SCALARS) for item in value):
+                # a long sequence of scalars by its content, as one node (and none of its strings
+                # are attribute names the code may read)
+                digest = hashlib.sha256(repr(value_key(value)).encode()).hexdigest()
+                self.items.append((path, (type(value).__name__, len(value), digest)))
+                return
             self.items.append((path, (type(value).__name__, len(value))))
-            for k, item in enumerate(value[:_MAX_ITEMS]):
+            for k, item in enumerate(value):
                 self.visit(path + (k,), item, depth + 1)
             return
         if isinstance(value, dict):
-            keys = [k for k in value if isinstance(k, (str, int))][:_MAX_ITEMS]
+            keys = [(value_key(k), k) for k in value]
+            if any(described is None for described, _ in keys):
+                raise _Uncacheable(f"{'.'.join(map(str, path))}: a dict with a key that cannot be described")
             self.items.append((path, ("dict", len(value))))
-            for k in sorted(keys, key=repr):
-                self.visit(path + (("key", k),), value[k], depth + 1)
+            for described, k in sorted(keys, key=lambda pair: repr(pair[0])):
+                self.visit(path + (("key", described),), value[k], depth + 1)
             return
         fn = _user_function(value)
         if fn is not None:
@@ -220,7 +257,7 @@ class _Walk:
                                       code_key(fn.__code__))))
             self.functions.append(fn)
             return
-        if _is_lib(value) or _is_lib(type(value)):
+        if _is_lib(value) or (not isinstance(value, type) and _is_lib(type(value))):
             self.items.append((path, self._library_object(value)))
             return
         if isinstance(value, pytypes.ModuleType):
@@ -231,7 +268,23 @@ class _Walk:
             self.items.append((path, ("instance", type(value).__module__, type(value).__qualname__)))
         else:
             raise _Uncacheable(f"{'.'.join(map(str, path))}: a {type(value).__name__} cannot be described")
+        if isinstance(value, type):
+            self._implicit_methods(path, value, _CONSTRUCTION | _IMPLICIT_METHODS, depth)
+        else:
+            self._implicit_methods(path, type(value), _IMPLICIT_METHODS, depth)
         self._attributes(path, value, depth)
+
+    def _implicit_methods(self, path, cls, which: frozenset, depth) -> None:
+        """The methods of a user class that Python calls without the code naming them (an
+        operator, ``len``, ``in``, a call on an instance, construction for a class): by their
+        code, like any function."""
+        for klass in cls.__mro__:
+            if klass is object or _is_lib(klass) or klass.__module__ == "builtins":
+                continue
+            for name in sorted(which.intersection(vars(klass))):
+                method = vars(klass)[name]
+                method = getattr(method, "__func__", method)     # staticmethod / classmethod
+                self.visit(path + (("method", klass.__qualname__, name),), method, depth + 1)
 
     def _attributes(self, path, value, depth) -> None:
         for name in self.names:
@@ -279,7 +332,7 @@ def snapshot(kernel, templates: dict):
                     walk.function_roots(fn)
         except _Uncacheable:
             return None
-        grown = names.union(*(_code_names(fn.__code__) for fn in walk.functions))
+        grown = names.union(walk.strings, *(_code_names(fn.__code__) for fn in walk.functions))
         if grown == names:
             return tuple(walk.items), walk.arrays
         names = grown
@@ -294,6 +347,47 @@ def fast_key(kernel, param_types: dict, cfg, target: str) -> tuple:
             kernel.graph, kernel.fuse, code_config)
 
 
+@dataclasses.dataclass(frozen=True)
+class DerivedField:
+    """A hidden field that no name reaches, stored by how a hit finds or makes it: the ``grad``
+    or ``dual`` of the field at snapshot path ``base``, the process's ``qd.random`` state, or a
+    ``scratch`` field of the compiler's own (a kernel's reduction cells: ``dtype``, ``shape``),
+    made anew (the kernel writes it before it reads it)."""
+
+    kind: str               # "grad" | "dual" | "random state" | "scratch"
+    base: tuple = ()
+    dtype: object = None
+    shape: tuple = ()
+    name: str = ""
+
+    @staticmethod
+    def of(field, by_id: dict, arrays: dict):
+        """How a hit gets ``field``, or None if it cannot."""
+        if getattr(field, "is_scratch", False):
+            return DerivedField("scratch", dtype=field.dtype, shape=field.shape, name=field.name)
+        random_state = sys.modules.get(f"{__package__}.random_state")
+        if random_state is not None and field is random_state.current():
+            return DerivedField("random state")
+        for path in by_id.values():     # the first path of each object reached
+            obj = arrays[path]
+            for kind in ("grad", "dual"):
+                if getattr(obj, kind, None) is field:
+                    return DerivedField(kind, base=path)
+        return None
+
+    def find(self, arrays: dict):
+        """The field in this process (None if it has none: the entry does not fit)."""
+        if self.kind == "scratch":
+            from .field import Field
+
+            return Field.scratch(self.dtype, self.shape, self.name)
+        if self.kind == "random state":
+            from . import random_state
+
+            return random_state.state_field()
+        return getattr(arrays.get(self.base), self.kind, None)
+
+
 @dataclasses.dataclass
 class Lookup:
     """One kernel instance's place in the cache: its key and the objects its snapshot reached."""
@@ -302,18 +396,26 @@ class Lookup:
     arrays: dict            # path -> field/ndarray
     root: str
     suffix: str = SUFFIX
+    full: str = ""          # the full key's text (``key`` is its hash): stored in the entry, compared on load
 
     @property
     def path(self) -> str:
         return os.path.join(self.root, version_tag(), self.key[:2], self.key + self.suffix)
 
     def hidden_paths(self, hidden) -> list | None:
-        """The snapshot path of each hidden field (in order), or None if one was not reached."""
+        """Where a hit finds each hidden field (in order): its snapshot path, or a
+        :class:`DerivedField`; None if one cannot be found (the instance is not stored)."""
         by_id = {}
         for path, obj in self.arrays.items():
             by_id.setdefault(id(obj), path)
-        paths = [by_id.get(id(f)) for f in hidden]
+        paths = [by_id.get(id(f)) or DerivedField.of(f, by_id, self.arrays) for f in hidden]
         return None if any(p is None for p in paths) else paths
+
+    def hidden_fields(self, paths: list) -> list | None:
+        """The hidden fields of a hit in this process, from :meth:`hidden_paths`' list, or None
+        when one is missing (a field without the ``.grad`` it had: the kernel compiles)."""
+        fields = [p.find(self.arrays) if isinstance(p, DerivedField) else self.arrays.get(p) for p in paths]
+        return None if any(f is None for f in fields) else fields
 
 
 def lookup(kernel, param_types: dict, templates: dict, cfg, target: str) -> Lookup | None:
@@ -326,9 +428,8 @@ def lookup(kernel, param_types: dict, templates: dict, cfg, target: str) -> Look
         stats.uncacheable += 1
         return None
     description, arrays = snap
-    full = (fast_key(kernel, param_types, cfg, target), description)
-    key = hashlib.sha256(repr(full).encode()).hexdigest()
-    return Lookup(key, arrays, cache_root(cfg))
+    full = repr((fast_key(kernel, param_types, cfg, target), description))
+    return Lookup(hashlib.sha256(full.encode()).hexdigest(), arrays, cache_root(cfg), full=full)
 
 
 # -- reading and writing ----------------------------------------------------------------------------------
@@ -359,7 +460,7 @@ def load(place: Lookup, rebuild):
         return None
     try:
         stored_versions, stored_key, payload = pickle.loads(data)
-        if stored_versions != versions() or stored_key != place.key:
+        if stored_versions != versions() or stored_key != place.full:
             raise ValueError(f"written by another version ({stored_versions}) or for another key")
         artefact = rebuild(payload)
     except Exception as e:  # a truncated, corrupt or foreign file: never trusted, never fatal
@@ -382,7 +483,7 @@ def store(place: Lookup, payload, artefact) -> None:
     with _lock:
         _loaded[place.key] = artefact
     try:
-        data = pickle.dumps((versions(), place.key, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((versions(), place.full, payload), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:   # a value the artefact holds has no pickled form (a module object in a loop bound)
         stats.uncacheable += 1
         return

@@ -32,6 +32,11 @@ def state_field() -> Field:
         return _state
 
 
+def current() -> Field | None:
+    """The state field if a compile of this ``qd.init`` made it, else None (nothing is made)."""
+    return _state
+
+
 def python_random(dtype):
     """``qd.random(dtype)`` in Python scope: the same generator, on its own stream, one number
     per call (the n-th call since ``qd.init`` is index n)."""

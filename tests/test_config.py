@@ -68,3 +68,21 @@ def test_int_division_follows_default_fp_set_after_first_compile(reinit, rng):
     reinit(default_fp=qd.f64)        # the same kernel, and the same int / int typing, again
     divide(out, b, 7)
     np.testing.assert_array_equal(out, b / 7.0)
+
+
+def test_every_option_and_variable_is_documented_in_one_place():
+    """docs/configuration.md has a row for every ``qd.init`` option (its first column) and names
+    every ``QD_*`` variable the package reads."""
+    import dataclasses
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "configuration.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_0-9]+)`", doc, re.M))
+    internal = {"quadrants_options"}    # where the accepted Quadrants options without effect are kept
+    options = {f.name for f in dataclasses.fields(config.Config)} - internal
+    assert sorted(options - rows) == []
+    source = "".join(p.read_text() for p in (root / "qd_numba").rglob("*.py"))
+    variables = set(re.findall(r"\bQD_[A-Z0-9_]+\b", source))
+    assert len(variables) > 20 and sorted(v for v in variables if v not in doc) == []

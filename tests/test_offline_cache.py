@@ -8,6 +8,7 @@ can "edit" a kernel by executing other source under the same name.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import os
@@ -499,3 +500,252 @@ def test_a_template_objects_id_is_never_lent_to_a_new_object(cache_dir, rng):
     gc.collect()
     assert offline_cache.stats.hits == 6
     assert all(ref() is not None for ref in dropped)    # kept: their ids cannot be taken
+
+
+# -- what a compile-time expression reads ---------------------------------------------------------------------
+
+STATIC_SOURCE = """
+{preamble}
+
+@qd.kernel
+def scale(a: qd.f32):
+    for i in x:
+        y[i] = x[i] * a + qd.static({expr})
+"""
+
+# route -> (preamble with {value}, the qd.static expression): each reads a value the kernel does
+# not name as such, through a path the snapshot must follow
+STATIC_ROUTES = {
+    "getattr with a constant name": ("class Cfg:\n    pass\nCFG = Cfg()\nCFG.scale = {value}", 'getattr(CFG, "scale")'),
+    "getattr with a global name": ("class Cfg:\n    pass\nCFG = Cfg()\nCFG.scale = {value}\nATTR = 'scale'",
+                                   "getattr(CFG, ATTR)"),
+    "item 299 of a long list": ("TABLE = [0.0] * 300\nTABLE[299] = {value}", "TABLE[299]"),
+    "a tuple-keyed dict": ("TABLE = {{(1, 2): {value}, (3, 4): 0.5}}", "TABLE[(1, 2)]"),
+    "__call__'s code": ("class Const:\n    def __call__(self):\n        return {value}\nFN = Const()", "FN()"),
+    "an operator's code": ("class Shift:\n    def __radd__(self, other):\n        return other + {value}\nS = Shift()",
+                           "0.0 + S"),
+    "a constructor's code": ("class Made:\n    def __init__(self):\n        self.v = {value}", "Made().v"),
+    "a class attribute": ("class Params:\n    shift = {value}", "Params.shift"),
+}
+
+
+def define_static(route, value):
+    preamble, expr = STATIC_ROUTES[route]
+    return define(STATIC_SOURCE.format(preamble=preamble.format(value=value), expr=expr))
+
+
+@pytest.mark.parametrize("route", list(STATIC_ROUTES))
+def test_what_a_static_expression_reads_is_in_the_key(cache_dir, rng, route):
+    """A value a ``qd.static`` expression reads through a string attribute name, a long list, a
+    dict with tuple keys or a method Python calls unnamed: another value is another entry (never
+    the stale code), the same value in a new process is a hit."""
+    def run(value):
+        ns = define_static(route, value)
+        data = rng.random(64).astype(np.float32)
+        ns["x"].from_numpy(data)
+        ns["scale"](2.0)
+        np.testing.assert_allclose(ns["y"].to_numpy(), data * np.float32(2.0) + np.float32(value), rtol=1e-6)
+        return ns
+
+    run(1.25)
+    fresh_process()
+    assert run(-3.5)["scale"].compile_count == 1 and offline_cache.stats.hits == 0
+    fresh_process()
+    assert run(-3.5)["scale"].compile_count == 0 and offline_cache.stats.hits == 1
+    assert len(entries(cache_dir)) == 2
+
+
+def test_a_dict_with_a_key_that_cannot_be_described_is_not_cached(cache_dir):
+    ns = define(STATIC_SOURCE.format(preamble="class K:\n    pass\nKEY = K()\nTABLE = {KEY: 2.0}",
+                                     expr="TABLE[KEY]"))
+    assert offline_cache.snapshot(ns["scale"], {}) is None
+
+
+def test_an_entry_holding_another_full_key_is_discarded(cache_dir, rng):
+    """The file name is the full key's hash; the entry holds the full key's text, compared on
+    load: an entry whose text differs (a hash collision, a foreign file) is never used."""
+    ns = define()
+    run_scale(ns, rng)
+    place = offline_cache.lookup(ns["scale"], {"a": numba.float32}, {}, config.current, "cpu")
+    offline_cache._loaded.clear()
+    other = dataclasses.replace(place, full=place.full.replace("cached_kernels", "other_module"))
+    assert other.path == place.path and other.full != place.full
+    with pytest.warns(QuadrantsWarning, match="another key"):
+        assert offline_cache.load(other, offline_cache.cpu_rebuild) is None
+    assert offline_cache.stats.discarded == 1 and not entries(cache_dir)
+
+
+def test_a_cpu_key_does_not_depend_on_numba_cuda_being_imported(cache_dir, monkeypatch):
+    """A CPU process never imports numba-cuda; the test suite's processes do (the CUDA compile
+    check): a CPU entry must mean the same in both. numba-cuda's version is in the CUDA target."""
+    import numba_cuda
+
+    from qd_numba.targets.cuda.plan import cache_target
+
+    ns = define()
+    key = key_of(ns)
+    for name in [m for m in sys.modules if m == "numba_cuda" or m.startswith("numba.cuda")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert key_of(ns) == key
+    assert cache_target((9, 0)).endswith(f"numba-cuda{numba_cuda.__version__}")
+
+
+STREAM_LOOPS = """
+        for i in x:
+            y[i] = x[i] * a
+{between}
+        for i in x:
+            z[i] = x[i] + a
+"""
+
+
+def test_a_kernel_with_stream_blocks_hits_and_its_blocks_are_in_the_key(cache_dir, rng):
+    def run(second_block):
+        # both loops in one block, or the second loop in a block of its own
+        between = "    with qd.stream_parallel():" if second_block else ""
+        source = ("@qd.kernel\ndef scale(a: qd.f32):\n    with qd.stream_parallel():"
+                  + STREAM_LOOPS.format(between=between).replace("\n\n", "\n"))
+        ns = define(source, z=qd.field(qd.f32, shape=64))
+        data = rng.random(64).astype(np.float32)
+        ns["x"].from_numpy(data)
+        ns["scale"](1.5)
+        np.testing.assert_allclose(ns["y"].to_numpy(), data * np.float32(1.5), rtol=1e-6)
+        np.testing.assert_allclose(ns["z"].to_numpy(), data + np.float32(1.5), rtol=1e-6)
+        return ns
+
+    groups = [t.stream_group for t in run(False)["scale"].tasks(1.5)]
+    assert groups == [1, 1]     # both loops in one block
+    fresh_process()
+    ns = run(False)
+    assert ns["scale"].compile_count == 0 and offline_cache.stats.hits == 1
+    assert [t.stream_group for t in ns["scale"].tasks(1.5)] == groups
+    fresh_process()
+    ns = run(True)              # the second loop in a block of its own: another entry
+    assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 0
+    assert [t.stream_group for t in ns["scale"].tasks(1.5)] == [1, 2]
+
+
+UIDS_SCRIPT = """
+import sys
+import qd_numba as qd
+qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=sys.argv[1])
+x = qd.field(qd.f32, shape=16)
+ns = {"qd": qd, "x": x, "__name__": "cached_kernels"}
+exec(compile('''
+@qd.kernel
+def two_loops(a: qd.f32) -> qd.f32:
+    for i in x:
+        x[i] = x[i] + a
+    s = 0.0
+    for i in range(4):
+        s += x[i]
+    return s
+''', "<cell>", "exec"), ns)
+ns["two_loops"](1.0)
+from qd_numba import offline_cache
+print(offline_cache.stats.hits, *(t.uid for t in ns["two_loops"].tasks(1.0)))
+"""
+
+
+def test_task_uids_are_the_same_in_every_process_and_after_a_cache_hit(tmp_path):
+    """Seed 001: a task's id depends on its kernel and position only, so compiled code, the
+    offline cache and the runtime agree on it in any process."""
+    def run(cache):
+        out = subprocess.run([sys.executable, "-c", UIDS_SCRIPT, str(cache)], cwd=REPO, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "PYTHONPATH": _pythonpath(),
+                                                          "QD_CUDA_COMPILE_CHECK": "0", "QD_AMDGPU_COMPILE_CHECK": "0"})
+        assert out.returncode == 0, out.stderr
+        hits, *uids = out.stdout.split()
+        return int(hits), uids
+
+    first = run(tmp_path / "a")
+    compiled_again = run(tmp_path / "b")     # another cache: compiled again in a new process
+    loaded = run(tmp_path / "a")             # the first process's entry
+    assert first[0] == compiled_again[0] == 0 and loaded[0] == 1
+    assert len(first[1]) >= 3 and len(set(first[1])) == len(first[1])
+    assert first[1] == compiled_again[1] == loaded[1]
+
+
+# -- hidden fields no name reaches ----------------------------------------------------------------------------
+
+def test_a_kernel_scope_reduction_hits_with_new_cells(cache_dir, rng):
+    """A reduction into a kernel-scope local keeps its cells in a field the compiler makes: a
+    hit makes a new one (the kernel fills it before reading it) instead of not caching."""
+    ns = define("""
+    @qd.kernel
+    def total(a: qd.f32) -> qd.f32:
+        s = 0.0
+        for i in x:
+            s += x[i] * a
+        return s
+    """, n=1000)
+
+    def check():
+        data = rng.random(1000).astype(np.float32)
+        ns["x"].from_numpy(data)
+        for a in (0.5, -2.0):       # the cells start from the local's value at every call
+            assert ns["total"](a) == pytest.approx(float(np.sum(data.astype(np.float64)) * a), rel=1e-4)
+
+    check()
+    assert len(entries(cache_dir)) == 1
+    fresh_process(ns)
+    check()
+    assert ns["total"].compile_count == 1 and offline_cache.stats.hits == 1
+
+
+def test_a_kernel_calling_qd_random_hits_and_draws_the_same_numbers(cache_dir, rng):
+    ns = define("""
+    @qd.kernel
+    def noise():
+        for i in x:
+            y[i] = x[i] + qd.random(qd.f32)
+    """)
+    ns["x"].from_numpy(rng.random(64).astype(np.float32))
+    draws = []
+    for _ in range(2):                   # compiled, then a hit in a new process with the same seed
+        ns["noise"]()
+        first = ns["y"].to_numpy() - ns["x"].to_numpy()
+        ns["noise"]()                    # the state counts launches: the second launch draws anew
+        draws.append((first, ns["y"].to_numpy() - ns["x"].to_numpy()))
+        fresh_process(ns)
+    assert offline_cache.stats.hits == 0 and ns["noise"].compile_count == 1   # stats of the last new process
+    (a1, a2), (b1, b2) = draws
+    np.testing.assert_array_equal(a1, b1)
+    np.testing.assert_array_equal(a2, b2)
+    assert not np.array_equal(a1, a2) and 0.0 <= a1.min() and a1.max() < 1.0 + 1e-6
+
+
+GRAD_SOURCE = """
+@qd.kernel
+def energy():
+    for i in x:
+        loss[None] += qd.sin(x[i]) * x[i]
+"""
+
+
+def test_a_gradient_kernel_hits_and_writes_the_gradient_it_found(cache_dir, rng):
+    """A gradient kernel's hidden fields are the ``.grad`` of fields the snapshot reaches: a hit
+    finds them on this process's fields; whether a field has a gradient is in the key."""
+    def run():
+        ns = define(GRAD_SOURCE, x=qd.field(qd.f32, shape=64, needs_grad=True),
+                    loss=qd.field(qd.f32, shape=(), needs_grad=True))
+        data = rng.uniform(-2, 2, 64)
+        ns["x"].from_numpy(data.astype(np.float32))
+        ns["loss"].grad[None] = 1.0
+        ns["energy"]()
+        ns["energy"].grad()
+        h = 1e-6   # central differences of the energy per element, in f64
+        fd = ((np.sin(data + h) * (data + h)) - (np.sin(data - h) * (data - h))) / (2 * h)
+        np.testing.assert_allclose(ns["x"].grad.to_numpy(), fd, rtol=1e-4, atol=1e-5)
+        assert ns["loss"][None] == pytest.approx(float(np.sum(np.sin(data) * data)), rel=1e-4)
+        return ns
+
+    run()
+    assert len(entries(cache_dir)) == 2          # the kernel and its gradient kernel
+    fresh_process()
+    ns = run()
+    assert offline_cache.stats.hits == 2 and ns["energy"].compile_count == 0
+    assert ns["energy"].grad.compile_count == 0
+    with_grad = offline_cache.snapshot(ns["energy"], {})[0]
+    ns["x"] = qd.field(qd.f32, shape=64)         # the same layout without a gradient: another key
+    assert offline_cache.snapshot(ns["energy"], {})[0] != with_grad

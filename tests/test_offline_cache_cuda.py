@@ -18,6 +18,7 @@ import sys
 import textwrap
 import warnings
 
+import numba_cuda
 import numpy as np
 import pytest
 from numba.core import types
@@ -324,7 +325,7 @@ def test_toolchain_versions_are_recorded_and_then_read_without_loading_the_libra
     while the recorded libraries are unchanged on disk, and asks again when one changed."""
     real, libraries = toolchain._ask()
     assert toolchain.versions() == real and toolchain._asked
-    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}-numba-cuda{numba_cuda.__version__}"
 
     _new_process(monkeypatch)
     asked = []
@@ -368,7 +369,7 @@ def test_a_record_that_disagrees_with_the_libraries_is_rewritten_by_the_first_co
     offline_cache.store_blob(toolchain._record_key(), ("nvvm-recorded", libraries))
     assert toolchain.versions() == "nvvm-recorded"            # lookups use the record ...
     assert toolchain.confirm() == real                         # ... a compile asks the libraries
-    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}"
+    assert cuda_plan.cache_target((9, 0)) == f"cuda-sm90-{real}-numba-cuda{numba_cuda.__version__}"
     _new_process(monkeypatch)
     assert toolchain.versions() == real and not toolchain._asked
 

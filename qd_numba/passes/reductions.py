@@ -388,7 +388,7 @@ class ReduceAtomics:
     @staticmethod
     def _cell_field(state, cells: int):
         """A ``u64`` field of 8-byte cells (a block per kernel-scope reduction), as a hidden argument."""
-        field = Field(dtypes.u64, (cells,), name=f"{state.kernel_name}.reductions")
+        field = Field.scratch(dtypes.u64, (cells,), name=f"{state.kernel_name}.reductions")
         return hidden_argument(state, field, state.func_ir.blocks[min(state.func_ir.blocks)].loc)
 
     def _rewrite(self, state, lp, loop, sites, locals_, buf, warp):

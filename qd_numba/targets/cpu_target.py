@@ -226,11 +226,10 @@ class CpuKernel(KernelBackend):
             if place is not None:
                 with profiler.stage("offline cache load"):
                     loaded = offline_cache.load(place, offline_cache.cpu_rebuild)
-                if loaded is not None:
-                    cres, tasks, hidden_paths = loaded
-                    fields = [place.arrays[p] for p in hidden_paths]
-                    return Instance(cres.entry_point, fields, list(tasks), cres, [], None, place.key,
-                                    kernel)
+                fields = place.hidden_fields(loaded[2]) if loaded is not None else None
+                if fields is not None:
+                    cres, tasks, _ = loaded
+                    return Instance(cres.entry_point, fields, list(tasks), cres, [], None, place.key, kernel)
             return self._compile(param_types, templates, place)
 
     def _compile(self, param_types, templates, place=None) -> Instance:

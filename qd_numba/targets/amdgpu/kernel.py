@@ -406,9 +406,9 @@ class AmdgpuKernel(KernelBackend):
                 if place is not None:
                     with profiler.stage("offline cache load"):
                         loaded = offline_cache.load(place, _load_modules)
-                    if loaded is not None:
-                        binary, hidden_paths, functions = loaded
-                        return AmdgpuPlan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
+                    fields = place.hidden_fields(loaded[1]) if loaded is not None else None
+                    if fields is not None:
+                        return AmdgpuPlan(kernel, loaded[0], fields, loaded[2])
                 toolchain.require_linker()
                 state, plan_ir, compiled, temp_types = compile_kernel(kernel, param_types, templates, toolchain)
                 per_device = [(unit, tk, c[rt.arch]) for unit, tk, c in compiled]

@@ -51,9 +51,10 @@ class Toolchain:
     def cache_target(self, arch: str) -> str:
         """The target part of an AMDGPU kernel's offline-cache keys: the processor, the version of
         llvmlite's LLVM (its AMDGPU back end), and the files that go into the code object: ROCm's
-        device-library bitcode and the linker (path, size, modification time). The versions of
-        Numba, llvmlite and numba-cuda (whose lowering the tasks go through) are in every key."""
+        device-library bitcode and the linker (path, size, modification time), and numba-cuda's
+        version (whose lowering the tasks go through; Numba's and llvmlite's are in every key)."""
         import llvmlite.binding as llvm
+        import numba_cuda
 
         files = [*(self.device_libs.get(arch) or ()), *(self.lld[:1] if self.lld else ())]
         identity = []
@@ -64,7 +65,8 @@ class Toolchain:
             except OSError:
                 identity.append((path, None))
         digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:16]
-        return f"amdgpu-{arch}-llvm{'.'.join(map(str, llvm.llvm_version_info))}-{digest}"
+        return (f"amdgpu-{arch}-llvm{'.'.join(map(str, llvm.llvm_version_info))}-{digest}"
+                f"-numba-cuda{numba_cuda.__version__}")
 
     def require_linker(self) -> list[str]:
         if self.lld is None:

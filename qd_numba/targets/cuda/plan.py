@@ -647,9 +647,11 @@ class PlanBinary:
 
 
 def cache_target(cc) -> str:
-    """The target part of a CUDA kernel's keys: the compute capability and the versions of the
-    NVVM and nvJitLink libraries that make its cubins (:mod:`.toolchain`)."""
-    return f"cuda-sm{''.join(map(str, cc))}-{toolchain.versions()}"
+    """The target part of a CUDA kernel's keys: the compute capability, the versions of the
+    NVVM and nvJitLink libraries that make its cubins (:mod:`.toolchain`) and numba-cuda's."""
+    import numba_cuda
+
+    return f"cuda-sm{''.join(map(str, cc))}-{toolchain.versions()}-numba-cuda{numba_cuda.__version__}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,9 +710,9 @@ def build_plan(kernel, param_types, templates) -> LaunchPlan:
     if place is not None:
         with profiler.stage("offline cache load"):
             loaded = offline_cache.load(place, _load_modules)
-        if loaded is not None:
-            binary, hidden_paths, functions = loaded
-            return launch_plan(kernel, binary, [place.arrays[p] for p in hidden_paths], functions)
+        fields = place.hidden_fields(loaded[1]) if loaded is not None else None
+        if fields is not None:
+            return launch_plan(kernel, loaded[0], fields, loaded[2])
     state = compile_state(kernel, param_types, templates)
     plan_ir, compiled, binary, buffers = _compile(kernel, state, rt.cc, rt=rt)
     rt.plan_builds += 1

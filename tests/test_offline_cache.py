@@ -236,11 +236,26 @@ def test_template_values_and_argument_types_are_in_the_key(cache_dir):
     assert len(keys) == 4
 
 
-@pytest.mark.parametrize("change", ["field shape", "global constant", "callee source"])
+@pytest.mark.parametrize("change", ["field shape", "field dtype", "global constant", "callee source",
+                                    "config option", "template value"])
 def test_a_changed_ingredient_recompiles_and_never_runs_stale_code(cache_dir, rng, change):
+    if change == "template value":
+        source = SOURCE.replace("def scale(a: qd.f32):", "def scale(a: qd.f32, k: qd.template()):")
+        source = source.replace("* a", "* a + k")
+        ns = define(source)
+        data = rng.random(64).astype(np.float32)
+        ns["x"].from_numpy(data)
+        for k, compiles in ((2, 1), (3, 2)):     # in this process, then a new one
+            ns["scale"](1.5, k)
+            np.testing.assert_allclose(ns["y"].to_numpy(), (data * data + 1.0) * np.float32(1.5) + k, rtol=1e-6)
+            assert ns["scale"].compile_count == compiles
+            fresh_process(ns)
+        assert len(entries(cache_dir)) == 2
+        return
     run_scale(define(), rng)
-    fresh_process()
-    ns = {"field shape": lambda: define(n=33), "global constant": lambda: define(offset=-4.0),
+    fresh_process(**({"debug": True} if change == "config option" else {}))
+    ns = {"field shape": lambda: define(n=33), "field dtype": lambda: define(dtype=qd.f64),
+          "global constant": lambda: define(offset=-4.0), "config option": define,
           "callee source": lambda: define(SOURCE.replace("v * v +", "v * v * 1.0 +"))}[change]()
     run_scale(ns, rng)
     assert ns["scale"].compile_count == 1 and offline_cache.stats.hits == 0

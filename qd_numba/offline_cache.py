@@ -279,8 +279,8 @@ class _Walk:
         operator, ``len``, ``in``, a call on an instance, construction for a class): by their
         code, like any function."""
         for klass in cls.__mro__:
-            if klass is object or _is_lib(klass) or klass.__module__ == "builtins":
-                continue
+            if _is_lib(klass) or klass.__module__.split(".")[0] in sys.stdlib_module_names:
+                continue        # object, Enum, ABC...: the Python version is in the key
             for name in sorted(which.intersection(vars(klass))):
                 method = vars(klass)[name]
                 method = getattr(method, "__func__", method)     # staticmethod / classmethod

@@ -41,7 +41,8 @@ _CHILD = textwrap.dedent('''
     def make(name, scale):
         a, b = qd.field(qd.f32, shape=N), qd.field(qd.f32, shape=N)
         ns = {"qd": qd, "a": a, "b": b}
-        exec(compile(f"def {name}():\\n    for i in a:\\n        b[i] = a[i] * {scale} + 0.25\\n", f"<{name}>", "exec"), ns)
+        source = f"def {name}():\\n    for i in a:\\n        b[i] = a[i] * {scale} + 0.25\\n"
+        exec(compile(source, f"<{name}>", "exec"), ns)
         data = rng.random(N, dtype=np.float32)
         a.from_numpy(data)
         return qd.kernel(ns[name]), b, data * np.float32(scale) + np.float32(0.25)
@@ -105,8 +106,9 @@ def main() -> None:
     cold = [s["first_ms"] for s in result["cold"]]
     warm = [s["first_ms"] for s in result["warm"]]
     stages = sorted({k for s in result["cold"] for k in s["stages"]})
+    warm_ups = [round(s["first_ms"]) for s in result["warm_up"]]
     print(f"cold K = 1 first call: median {_median(cold):.1f} ms over {len(cold)} kernels "
-          f"(min {min(cold):.1f}, max {max(cold):.1f}); warm-up kernels {[round(s['first_ms']) for s in result['warm_up']]}")
+          f"(min {min(cold):.1f}, max {max(cold):.1f}); warm-up kernels {warm_ups} ms")
     for stage in stages:
         print(f"    {stage:22s} {_median([s['stages'].get(stage, 0.0) for s in result['cold']]):7.2f} ms")
     print(f"warm K = 1 first call (offline-cache hit): median {_median(warm):.2f} ms over {len(warm)} processes "

@@ -20,7 +20,7 @@ import warnings
 
 import numba
 
-from . import config, profiler, random_state
+from . import config, profiler, random_state, snode
 from .errors import QuadrantsRuntimeError, QuadrantsWarning
 from .targets.base import target_for
 
@@ -99,6 +99,7 @@ def _install(new_config: config.Config) -> None:
     profiler.kernel_profiler.clear()   # records of the dropped kernels
     _apply_thread_limit(config.current.cpu_max_num_threads)
     random_state.reset()
+    snode.start_new_root()
 
 
 def _open_gpu(arch: str, enable_fallback: bool | None, cfg: config.Config) -> str:

@@ -804,6 +804,12 @@ _root = _Root()
 root = _root
 
 
+def start_new_root() -> None:
+    """``qd.init``: nodes placed under ``qd.root`` and not materialised yet belong to the old
+    runtime, as its fields do; the next ``qd.root`` use starts a new tree."""
+    _root._builder = FieldsBuilder()
+
+
 def place_in_order(fields, shape: tuple, order: str, offset) -> None:
     """``qd.field(..., order="ji")``: each of ``fields`` (None skipped) under its own chain of dense
     nodes, the axes in ``order`` outermost first, in one tree materialised now."""

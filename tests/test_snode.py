@@ -117,6 +117,22 @@ def test_aos_interleaves_soa_separates():
     assert d._arr.ctypes.data - c._arr.ctypes.data == 32
 
 
+def test_qd_init_drops_the_nodes_the_old_runtime_never_materialised(rng):
+    """Nodes placed under qd.root and never materialised (a kernel that failed to compile, say)
+    belong to the runtime qd.init replaces: the next tree holds only what is placed after it."""
+    from qd_numba import config
+
+    stale = qd.field(qd.f32)
+    qd.root.bitmasked(qd.i, 4).place(stale)
+    qd.init(arch=config.current.arch)
+    x = qd.field(qd.f32)
+    qd.root.dense(qd.i, 16).place(x)
+    data = rng.random(16).astype(np.float32)
+    x.from_numpy(data)
+    np.testing.assert_array_equal(x.to_numpy(), data)
+    assert x._tree.base.nbytes == 16 * 4 and x._tree._fields == [x]
+
+
 def test_shapes_from_chains():
     a, b, c, d = (qd.field(qd.f32) for _ in range(4))
     s = qd.root.dense(qd.i, 4)

@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/qd_out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD 2>/dev/null;
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import sys, numpy, numba, numba_cuda; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__)"; } | tee "$OUT/device.txt"
 timeout 170 python3 bench/first_call.py --processes 3 --kernels 8 --warm-processes 10 --out "$OUT/first_call.json" 2>&1 | tee "$OUT/first_call.txt"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -n 4 -m cuda tests 2>&1 | tail -15 | tee "$OUT/gpu_marked.txt"

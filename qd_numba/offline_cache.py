@@ -63,9 +63,9 @@ from .errors import QuadrantsWarning
 from .field import ArrayData
 from .frontend.keys import CODE_CONFIG, code_key, value_key
 
-FORMAT = 5                  # bump when the entry layout or the code generated changes (2: CPU entries take a
+FORMAT = 6                  # bump when the entry layout or the code generated changes (2: CPU entries take a
                             # field table; 3: CUDA grid-stride loops without a trip count; 4: vectorized
-                            # CPU field loops; 5: entries hold their full key's text)
+                            # CPU field loops; 5: entries hold their full key's text; 6: weak float literals)
 SUFFIX = ".qdc"
 CODE_SUFFIX = ".qdg"          # generated Python's code objects (generated_code.py)
 _LIB_MODULES = ("qd_numba", "numba", "numpy", "llvmlite", "math", "cmath", "builtins", "operator", "functools")

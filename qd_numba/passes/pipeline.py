@@ -36,6 +36,7 @@ from .sparse import RewriteSparse
 from .stream_blocks import MarkStreamBlocks, TagSerialStreamGroups
 from .structs import RewriteStructs
 from .verify import verify_final, verify_ir
+from .weak_literals import WeakFloatLiterals
 
 MAX_FIXED_POINT_ROUNDS = 64
 
@@ -56,7 +57,8 @@ UNTYPED_PIPELINE = (
     Stage("compile-time evaluation", (RewriteStructs, ResolveGlobals, InlineFuncs, RewriteAsserts, FoldStatic,
                                       RemoveDeadPure), fixed_point=True),
     Stage("rewrites", (MarkStreamBlocks, CheckGlobals, ReturnRules, CheckArgumentWrites, RewriteSparse,
-                       RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, ResolveGlobals, RemoveDeadPure)),
+                       RewriteSubscripts, CheckReadonlyWrites, DirectArrayAccess, WeakFloatLiterals, ResolveGlobals,
+                       RemoveDeadPure)),
     Stage("tasks", (Offload, BindRandomStreams, FuseAdjacentTasks, ReduceAtomics, PlanTasks, TagSerialStreamGroups,
                     CfgOptimize)),
     Stage("autodiff", (ReverseMode, ForwardMode, RecordReads)),

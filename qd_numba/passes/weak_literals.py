@@ -1,0 +1,174 @@
+"""WeakFloatLiterals: a float literal takes the float type of the value it meets.
+
+Python types ``2.0`` as a float64, so in Numba ``x[i] * 2.0 + 1.0`` on an ``f32`` field computes
+in f64 (on a GPU: double-precision instructions, half or 1/64 of the f32 rate). Quadrants types
+a literal as ``default_fp``; numpy 2 treats a Python scalar as *weak* (``f32_array * 0.1`` is
+f32). This pass does the latter, the way that never loses precision: in a binary operation or
+comparison whose other operand is known to be a float of type ``P``, the literal becomes a
+constant of ``P`` — or of ``default_fp`` where that is wider (an ``f16`` value meets an ``f32``
+literal, as in Quadrants). An ``f64`` operand keeps the exact f64 literal.
+
+Input: the kernel IR after RewriteSubscripts and DirectArrayAccess (``a / b`` is a
+``true_divide`` call by then; its operands count too). What "known" means, from single
+definitions only: a float runtime parameter, an element load of a scalar float field or of a
+float ndarray parameter, and arithmetic, negation and division of known floats and literals.
+Anything else (a local assigned in several places, a call result, an integer) leaves the
+literal as Python's float64: the pass only ever narrows a literal to the type its partner has.
+
+Each narrowed literal is a new ``$weak_const`` constant assigned right before its use (the
+original may have other uses). Never touches control flow or any other statement.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numba.core import types
+
+from ..lowering import array_access
+from ..lowering import subscripts as sub_impl
+from .base import argument_of
+
+_OPS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
+                  operator.pow, operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne,
+                  operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                  operator.imod, operator.ipow})
+_ARITHMETIC = _OPS - {operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne}
+_NUMPY = {16: np.float16, 32: np.float32}
+_ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
+_MAX_DEPTH = 32
+
+
+def _literal(state, var):
+    """The Python float ``var`` is a literal of, or None."""
+    d = state.definition(var)
+    if isinstance(d, state.ir.Const) and type(d.value) is float:
+        return d.value
+    return None
+
+
+class WeakFloatLiterals:
+    name = "weak_float_literals"
+
+    def run(self, state) -> bool:
+        state.refresh_definitions()
+        self.state, self.known = state, {}
+        ir = state.ir
+        changed = False
+        for block in state.func_ir.blocks.values():
+            new_body = []
+            for stmt in block.body:
+                operands = self._operands(stmt) if isinstance(stmt, ir.Assign) else None
+                if operands is not None:
+                    for slot, literal_var, partner in operands:
+                        partner_type = self._float_type(partner, 0)
+                        narrowed = self._literal_type(partner_type) if partner_type is not None else types.float64
+                        if narrowed == types.float64:
+                            continue
+                        value = _NUMPY[narrowed.bitwidth](_literal(state, literal_var))
+                        const = ir.Var(block.scope, block.scope.redefine("$weak_const", stmt.loc).name, stmt.loc)
+                        new_body.append(ir.Assign(ir.Const(value, stmt.loc), const, stmt.loc))
+                        state.func_ir._definitions[const.name] = [new_body[-1].value]
+                        slot(const)
+                        changed = True
+                new_body.append(stmt)
+            block.body = new_body
+        if changed:
+            state.refresh_definitions()
+        return changed
+
+    def _literal_type(self, partner: types.Float) -> types.Float:
+        """The type a literal takes next to a ``partner`` float: the wider of it and
+        ``default_fp`` (float64: the literal stays as Python typed it)."""
+        fp = self.state.config.default_fp
+        width = max(partner.bitwidth, fp.bitwidth if isinstance(fp, types.Float) else 64)
+        return types.float64 if width >= 64 else types.float32 if width == 32 else types.float16
+
+    def _operands(self, stmt):
+        """(setter, literal variable, partner variable) for each literal operand of ``stmt``'s
+        binary operation, comparison or ``true_divide`` call whose other operand is not one."""
+        value = stmt.value
+        ir = self.state.ir
+        if not isinstance(value, ir.Expr):
+            return None
+        if value.op in ("binop", "inplace_binop") and value.fn in _OPS:
+            pair = [(value.lhs, lambda v, e=value: setattr(e, "lhs", v)),
+                    (value.rhs, lambda v, e=value: setattr(e, "rhs", v))]
+        elif value.op == "call" and self._is_true_divide(value.func) and len(value.args) == 3:
+            pair = [(value.args[0], lambda v, e=value: e.args.__setitem__(0, v)),
+                    (value.args[1], lambda v, e=value: e.args.__setitem__(1, v))]
+        else:
+            return None
+        literal = [_literal(self.state, var) is not None for var, _ in pair]
+        if literal[0] == literal[1]:
+            return None
+        k = 0 if literal[0] else 1
+        return [(pair[k][1], pair[k][0], pair[1 - k][0])]
+
+    def _is_true_divide(self, func) -> bool:
+        d = self.state.definition(func)
+        return isinstance(d, (self.state.ir.Global, self.state.ir.FreeVar)) and d.value is sub_impl.true_divide
+
+    def _float_type(self, var, depth: int):
+        """The float type ``var`` is known to have (module docstring), or None."""
+        if depth > _MAX_DEPTH:
+            return None
+        name = var.name
+        if name in self.known:
+            return self.known[name]
+        self.known[name] = None         # a cycle through phis stays unknown
+        found = self._infer(var, depth)
+        self.known[name] = found
+        return found
+
+    def _infer(self, var, depth):
+        state, ir = self.state, self.state.ir
+        d = state.definition(var)
+        if isinstance(d, ir.Var):
+            return self._float_type(d, depth + 1)
+        if isinstance(d, ir.Const) and isinstance(d.value, np.floating):     # a literal narrowed before
+            return types.float32 if d.value.dtype == np.float32 else types.float16 if d.value.dtype == np.float16 \
+                else types.float64 if d.value.dtype == np.float64 else None
+        if isinstance(d, ir.Arg):
+            ty = state.param_types.get(d.name)
+            return ty if isinstance(ty, types.Float) else None
+        if not isinstance(d, ir.Expr):
+            return None
+        if d.op in ("getitem", "static_getitem"):
+            base = argument_of(state, d.value)
+            field = state.hidden_by_arg_index(base.index) if base is not None else None
+            dtype = getattr(field, "dtype", None)
+            if field is not None and getattr(field, "element_shape", None) == () and isinstance(dtype, types.Float):
+                return dtype
+            return None
+        if d.op == "unary" and d.fn in (operator.neg, operator.pos, "-", "+"):
+            return self._float_type(d.value, depth + 1)
+        if d.op in ("binop", "inplace_binop") and d.fn in _ARITHMETIC:
+            return self._combined(d.lhs, d.rhs, depth)
+        if d.op == "call":
+            callee = state.definition(d.func)
+            fn = getattr(callee, "value", None)
+            if fn is sub_impl.true_divide and len(d.args) == 3:
+                return self._combined(d.args[0], d.args[1], depth)
+            if fn in _ARRAY_LOADS and d.args:
+                arg = argument_of(state, d.args[0])
+                ty = state.param_types.get(arg.name) if arg is not None else None
+                return ty.dtype if isinstance(ty, types.Array) and isinstance(ty.dtype, types.Float) else None
+        return None
+
+    def _combined(self, lhs, rhs, depth):
+        """The float type of arithmetic on ``lhs`` and ``rhs``: the wider of two known floats, or
+        of a known float and the type a literal next to it takes."""
+        if _literal(self.state, lhs) is not None:
+            lhs, rhs = rhs, lhs
+        known = self._float_type(lhs, depth + 1)
+        if known is None:
+            return None
+        if _literal(self.state, rhs) is not None:
+            other = self._literal_type(known)
+        else:
+            other = self._float_type(rhs, depth + 1)
+            if other is None:
+                return None
+        return known if known.bitwidth >= other.bitwidth else other

@@ -73,7 +73,7 @@ def test_integers_and_unknown_operands_keep_python_floats(rng):
     def halves(k: qd.i32):
         for i in out:
             t = 0.0
-            for j in range(k):       # t has two definitions: its type is not known before typing
+            for _ in range(k):       # t has two definitions: its type is not known before typing
                 t = t + 0.1
             out[i] = i * 0.1 + t
 

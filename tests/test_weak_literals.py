@@ -51,6 +51,26 @@ def test_f32_arithmetic_and_comparisons_stay_f32_and_match_numpy(rng):
     assert _float_types(blend, a, 1.5) == {types.float32}
 
 
+def test_literals_in_math_functions_follow_their_f32_arguments(rng):
+    x, y = qd.field(qd.f32, shape=2048), qd.field(qd.f32, shape=2048)
+
+    @qd.kernel
+    def shade():
+        for i in x:
+            v = qd.max(x[i], 0.0) + qd.clamp(x[i] * 2.0, -0.5, 0.5) + min(x[i], 0.25)
+            y[i] = v + qd.sin(x[i]) * 0.5 + qd.pow(qd.abs(x[i]), 1.5) - qd.sqrt(qd.abs(x[i]) + 1.0)
+
+    data = rng.uniform(-1, 1, 2048).astype(np.float32)
+    x.from_numpy(data)
+    shade()
+    f32 = np.float32
+    expected = (np.maximum(data, f32(0)) + np.clip(data * f32(2), f32(-0.5), f32(0.5)) + np.minimum(data, f32(0.25))
+                + np.sin(data) * f32(0.5) + np.abs(data) ** f32(1.5) - np.sqrt(np.abs(data) + f32(1)))
+    assert expected.dtype == np.float32
+    np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert _float_types(shade) == {types.float32}
+
+
 def test_f64_data_keeps_the_exact_literal(rng):
     d = qd.field(qd.f64, shape=512)
 

@@ -3,17 +3,20 @@
 Python types ``2.0`` as a float64, so in Numba ``x[i] * 2.0 + 1.0`` on an ``f32`` field computes
 in f64 (on a GPU: double-precision instructions, half or 1/64 of the f32 rate). Quadrants types
 a literal as ``default_fp``; numpy 2 treats a Python scalar as *weak* (``f32_array * 0.1`` is
-f32). This pass does the latter, the way that never loses precision: in a binary operation or
-comparison whose other operand is known to be a float of type ``P``, the literal becomes a
+f32). This pass does the latter, the way that never loses precision: in a binary operation,
+a comparison or a math function of several arguments (``qd.max(x, 0.0)``, ``qd.clamp(v, 0.0,
+1.0)``) whose other operands are known floats, the widest of type ``P``, a literal becomes a
 constant of ``P`` — or of ``default_fp`` where that is wider (an ``f16`` value meets an ``f32``
 literal, as in Quadrants). An ``f64`` operand keeps the exact f64 literal.
 
 Input: the kernel IR after RewriteSubscripts and DirectArrayAccess (``a / b`` is a
 ``true_divide`` call by then; its operands count too). What "known" means, from single
 definitions only: a float runtime parameter, an element load of a scalar float field or of a
-float ndarray parameter, and arithmetic, negation and division of known floats and literals.
-Anything else (a local assigned in several places, a call result, an integer) leaves the
-literal as Python's float64: the pass only ever narrows a literal to the type its partner has.
+float ndarray parameter, and arithmetic, negation, division and the math functions
+(``ops/math_ops.MATH_OPS``, which keep their arguments' float type) of known floats and
+literals. Anything else (a local assigned in several places, another call's result, an
+integer) leaves the literal as Python's float64: the pass only ever narrows a literal to the
+type its partners have.
 
 Each narrowed literal is a new ``$weak_const`` constant assigned right before its use (the
 original may have other uses). Never touches control flow or any other statement.
@@ -21,13 +24,17 @@ original may have other uses). Never touches control flow or any other statement
 
 from __future__ import annotations
 
+import builtins
+import math
 import operator
 
 import numpy as np
 from numba.core import types
 
+from .. import math as qd_math
 from ..lowering import array_access
 from ..lowering import subscripts as sub_impl
+from ..ops.math_ops import MATH_OPS
 from .base import argument_of
 
 _OPS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
@@ -38,6 +45,11 @@ _ARITHMETIC = _OPS - {operator.lt, operator.le, operator.gt, operator.ge, operat
 _NUMPY = {16: np.float16, 32: np.float32}
 _ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
 _MAX_DEPTH = 32
+# math functions whose result has the float type of their arguments (f32 in, f32 out), by name
+_FLOAT_PRESERVING = frozenset(MATH_OPS) - {"select"}
+_MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS if hasattr(qd_math, name)}
+_MATH_CALLEES.update({getattr(math, name): name for name in MATH_OPS if hasattr(math, name)})
+_MATH_CALLEES.update({builtins.abs: "abs", builtins.min: "min", builtins.max: "max", math.fabs: "abs"})
 
 
 def _literal(state, var):
@@ -59,19 +71,13 @@ class WeakFloatLiterals:
         for block in state.func_ir.blocks.values():
             new_body = []
             for stmt in block.body:
-                operands = self._operands(stmt) if isinstance(stmt, ir.Assign) else None
-                if operands is not None:
-                    for slot, literal_var, partner in operands:
-                        partner_type = self._float_type(partner, 0)
-                        narrowed = self._literal_type(partner_type) if partner_type is not None else types.float64
-                        if narrowed == types.float64:
-                            continue
-                        value = _NUMPY[narrowed.bitwidth](_literal(state, literal_var))
-                        const = ir.Var(block.scope, block.scope.redefine("$weak_const", stmt.loc).name, stmt.loc)
-                        new_body.append(ir.Assign(ir.Const(value, stmt.loc), const, stmt.loc))
-                        state.func_ir._definitions[const.name] = [new_body[-1].value]
-                        slot(const)
-                        changed = True
+                for slot, literal_var, narrowed in self._literals(stmt):
+                    value = _NUMPY[narrowed.bitwidth](_literal(state, literal_var))
+                    const = ir.Var(block.scope, block.scope.redefine("$weak_const", stmt.loc).name, stmt.loc)
+                    new_body.append(ir.Assign(ir.Const(value, stmt.loc), const, stmt.loc))
+                    state.func_ir._definitions[const.name] = [new_body[-1].value]
+                    slot(const)
+                    changed = True
                 new_body.append(stmt)
             block.body = new_body
         if changed:
@@ -85,30 +91,53 @@ class WeakFloatLiterals:
         width = max(partner.bitwidth, fp.bitwidth if isinstance(fp, types.Float) else 64)
         return types.float64 if width >= 64 else types.float32 if width == 32 else types.float16
 
-    def _operands(self, stmt):
-        """(setter, literal variable, partner variable) for each literal operand of ``stmt``'s
-        binary operation, comparison or ``true_divide`` call whose other operand is not one."""
-        value = stmt.value
-        ir = self.state.ir
-        if not isinstance(value, ir.Expr):
-            return None
-        if value.op in ("binop", "inplace_binop") and value.fn in _OPS:
-            pair = [(value.lhs, lambda v, e=value: setattr(e, "lhs", v)),
-                    (value.rhs, lambda v, e=value: setattr(e, "rhs", v))]
-        elif value.op == "call" and self._is_true_divide(value.func) and len(value.args) == 3:
-            pair = [(value.args[0], lambda v, e=value: e.args.__setitem__(0, v)),
-                    (value.args[1], lambda v, e=value: e.args.__setitem__(1, v))]
-        else:
-            return None
-        literal = [_literal(self.state, var) is not None for var, _ in pair]
-        if literal[0] == literal[1]:
-            return None
-        k = 0 if literal[0] else 1
-        return [(pair[k][1], pair[k][0], pair[1 - k][0])]
+    def _literals(self, stmt) -> list:
+        """(setter, literal variable, its narrowed type) for each literal operand of ``stmt``
+        that meets known floats: in a binary operation or comparison, a ``true_divide`` call, or
+        a math function of two or more arguments (``qd.max(x, 0.0)``, ``qd.clamp(x, 0.0, 1.0)``)."""
+        operands = self._operands(stmt)
+        if not operands:
+            return []
+        literal = [(slot, var) for var, slot in operands if _literal(self.state, var) is not None]
+        others = [var for var, _ in operands if _literal(self.state, var) is None]
+        if not literal or not others:
+            return []
+        partner = self._wider([self._float_type(var, 0) for var in others])
+        narrowed = self._literal_type(partner) if partner is not None else types.float64
+        if narrowed == types.float64:
+            return []
+        return [(slot, var, narrowed) for slot, var in literal]
 
-    def _is_true_divide(self, func) -> bool:
+    def _operands(self, stmt) -> list:
+        """(variable, setter) of each operand of ``stmt`` whose literals may be narrowed."""
+        ir = self.state.ir
+        value = stmt.value if isinstance(stmt, ir.Assign) else None
+        if not isinstance(value, ir.Expr):
+            return []
+        if value.op in ("binop", "inplace_binop") and value.fn in _OPS:
+            return [(value.lhs, lambda v, e=value: setattr(e, "lhs", v)),
+                    (value.rhs, lambda v, e=value: setattr(e, "rhs", v))]
+        if value.op == "call" and not value.kws and value.vararg is None:
+            fn = self._callee(value.func)
+            if fn is sub_impl.true_divide and len(value.args) == 3:
+                args = value.args[:2]
+            elif _MATH_CALLEES.get(fn) in _FLOAT_PRESERVING and len(value.args) >= 2:
+                args = value.args
+            else:
+                return []
+            return [(var, lambda v, e=value, k=k: e.args.__setitem__(k, v)) for k, var in enumerate(args)]
+        return []
+
+    def _callee(self, func):
         d = self.state.definition(func)
-        return isinstance(d, (self.state.ir.Global, self.state.ir.FreeVar)) and d.value is sub_impl.true_divide
+        return d.value if isinstance(d, (self.state.ir.Global, self.state.ir.FreeVar)) else None
+
+    @staticmethod
+    def _wider(found: list):
+        """The widest of known float types; None if one is not known."""
+        if not found or any(t is None for t in found):
+            return None
+        return max(found, key=lambda t: t.bitwidth)
 
     def _float_type(self, var, depth: int):
         """The float type ``var`` is known to have (module docstring), or None."""
@@ -145,30 +174,27 @@ class WeakFloatLiterals:
         if d.op == "unary" and d.fn in (operator.neg, operator.pos, "-", "+"):
             return self._float_type(d.value, depth + 1)
         if d.op in ("binop", "inplace_binop") and d.fn in _ARITHMETIC:
-            return self._combined(d.lhs, d.rhs, depth)
+            return self._combined([d.lhs, d.rhs], depth)
         if d.op == "call":
-            callee = state.definition(d.func)
-            fn = getattr(callee, "value", None)
+            fn = self._callee(d.func)
             if fn is sub_impl.true_divide and len(d.args) == 3:
-                return self._combined(d.args[0], d.args[1], depth)
+                return self._combined(d.args[:2], depth)
+            if _MATH_CALLEES.get(fn) in _FLOAT_PRESERVING and d.args and not d.kws:
+                return self._combined(d.args, depth)
             if fn in _ARRAY_LOADS and d.args:
                 arg = argument_of(state, d.args[0])
                 ty = state.param_types.get(arg.name) if arg is not None else None
                 return ty.dtype if isinstance(ty, types.Array) and isinstance(ty.dtype, types.Float) else None
         return None
 
-    def _combined(self, lhs, rhs, depth):
-        """The float type of arithmetic on ``lhs`` and ``rhs``: the wider of two known floats, or
-        of a known float and the type a literal next to it takes."""
-        if _literal(self.state, lhs) is not None:
-            lhs, rhs = rhs, lhs
-        known = self._float_type(lhs, depth + 1)
-        if known is None:
+    def _combined(self, operands: list, depth):
+        """The float type of arithmetic or a math function on ``operands``: the widest of the
+        known floats among them and of the type a literal next to them takes; None if one
+        operand is neither a literal nor a known float, or none is known."""
+        known = [self._float_type(var, depth + 1) for var in operands if _literal(self.state, var) is None]
+        widest = self._wider(known)
+        if widest is None:
             return None
-        if _literal(self.state, rhs) is not None:
-            other = self._literal_type(known)
-        else:
-            other = self._float_type(rhs, depth + 1)
-            if other is None:
-                return None
-        return known if known.bitwidth >= other.bitwidth else other
+        if len(known) < len(operands):
+            return self._wider([widest, self._literal_type(widest)])
+        return widest

@@ -71,6 +71,25 @@ def test_literals_in_math_functions_follow_their_f32_arguments(rng):
     assert _float_types(shade) == {types.float32}
 
 
+def test_literals_next_to_vector_components_follow_the_field(rng):
+    v = qd.Vector.field(3, qd.f32, shape=512)
+    out = qd.field(qd.f32, shape=512)
+
+    @qd.kernel
+    def mix():
+        for i in out:
+            p = v[i]
+            out[i] = p.x * 0.5 + v[i][1] * 0.25 - p[2] * 0.1 + (p * 2.0).y
+
+    data = rng.uniform(-1, 1, (512, 3)).astype(np.float32)
+    v.from_numpy(data)
+    mix()
+    f32 = np.float32
+    expected = data[:, 0] * f32(0.5) + data[:, 1] * f32(0.25) - data[:, 2] * f32(0.1) + data[:, 1] * f32(2)
+    np.testing.assert_allclose(out.to_numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert _float_types(mix) == {types.float32}
+
+
 def test_f64_data_keeps_the_exact_literal(rng):
     d = qd.field(qd.f64, shape=512)
 

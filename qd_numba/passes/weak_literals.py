@@ -12,7 +12,8 @@ literal, as in Quadrants). An ``f64`` operand keeps the exact f64 literal.
 Input: the kernel IR after RewriteSubscripts and DirectArrayAccess (``a / b`` is a
 ``true_divide`` call by then; its operands count too). What "known" means, from single
 definitions only: a float runtime parameter, an element load of a scalar float field or of a
-float ndarray parameter, and arithmetic, negation, division and the math functions
+float ndarray parameter, a component of a vector loaded from a float vector field (``v[i].x``,
+``v[i][1]``), and arithmetic, negation, division and the math functions
 (``ops/math_ops.MATH_OPS``, which keep their arguments' float type) of known floats and
 literals. Anything else (a local assigned in several places, another call's result, an
 integer) leaves the literal as Python's float64: the pass only ever narrows a literal to the
@@ -45,6 +46,7 @@ _ARITHMETIC = _OPS - {operator.lt, operator.le, operator.gt, operator.ge, operat
 _NUMPY = {16: np.float16, 32: np.float32}
 _ARRAY_LOADS = (array_access.array_load, array_access.checked_array_load)
 _MAX_DEPTH = 32
+_COMPONENTS = frozenset({"x", "y", "z", "w"})
 # math functions whose result has the float type of their arguments (f32 in, f32 out), by name
 _FLOAT_PRESERVING = frozenset(MATH_OPS) - {"select"}
 _MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS if hasattr(qd_math, name)}
@@ -102,7 +104,9 @@ class WeakFloatLiterals:
         others = [var for var, _ in operands if _literal(self.state, var) is None]
         if not literal or not others:
             return []
-        partner = self._wider([self._float_type(var, 0) for var in others])
+        # a vector of a float field counts as its element type (its arithmetic with a scalar
+        # casts the scalar to it anyway)
+        partner = self._wider([self._float_type(var, 0) or self._vector_element(var, 0) for var in others])
         narrowed = self._literal_type(partner) if partner is not None else types.float64
         if narrowed == types.float64:
             return []
@@ -165,12 +169,15 @@ class WeakFloatLiterals:
         if not isinstance(d, ir.Expr):
             return None
         if d.op in ("getitem", "static_getitem"):
-            base = argument_of(state, d.value)
-            field = state.hidden_by_arg_index(base.index) if base is not None else None
-            dtype = getattr(field, "dtype", None)
-            if field is not None and getattr(field, "element_shape", None) == () and isinstance(dtype, types.Float):
-                return dtype
+            field = self._field(d.value)
+            if field is not None:
+                return field.dtype if field.element_shape == () and isinstance(field.dtype, types.Float) else None
+            index = d.index if d.op == "static_getitem" else getattr(state.definition(d.index), "value", None)
+            if isinstance(index, int) and not isinstance(index, bool):      # a component of a vector
+                return self._vector_element(d.value, depth)
             return None
+        if d.op == "getattr" and d.attr in _COMPONENTS:
+            return self._vector_element(d.value, depth)
         if d.op == "unary" and d.fn in (operator.neg, operator.pos, "-", "+"):
             return self._float_type(d.value, depth + 1)
         if d.op in ("binop", "inplace_binop") and d.fn in _ARITHMETIC:
@@ -186,6 +193,27 @@ class WeakFloatLiterals:
                 ty = state.param_types.get(arg.name) if arg is not None else None
                 return ty.dtype if isinstance(ty, types.Array) and isinstance(ty.dtype, types.Float) else None
         return None
+
+    def _field(self, var):
+        """The field ``var`` is (a hidden argument), or None."""
+        arg = argument_of(self.state, var)
+        field = self.state.hidden_by_arg_index(arg.index) if arg is not None else None
+        return field if hasattr(field, "element_shape") and hasattr(field, "dtype") else None
+
+    def _vector_element(self, var, depth):
+        """The float element type of ``var`` when it is a vector loaded from a float vector field
+        (``v[i]``, or a local holding one), else None."""
+        for _ in range(_MAX_DEPTH - depth):
+            d = self.state.definition(var)
+            if not isinstance(d, self.state.ir.Var):
+                break
+            var = d
+        if not (isinstance(d, self.state.ir.Expr) and d.op in ("getitem", "static_getitem")):
+            return None
+        field = self._field(d.value)
+        if field is None or len(field.element_shape) != 1 or not isinstance(field.dtype, types.Float):
+            return None
+        return field.dtype
 
     def _combined(self, operands: list, depth):
         """The float type of arithmetic or a math function on ``operands``: the widest of the

@@ -25,17 +25,15 @@ original may have other uses). Never touches control flow or any other statement
 
 from __future__ import annotations
 
-import builtins
-import math
 import operator
 
 import numpy as np
 from numba.core import types
 
-from .. import math as qd_math
 from ..lowering import array_access
 from ..lowering import subscripts as sub_impl
 from ..ops.math_ops import MATH_OPS
+from .autodiff import _MATH_CALLEES
 from .base import argument_of
 
 _OPS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
@@ -49,9 +47,6 @@ _MAX_DEPTH = 32
 _COMPONENTS = frozenset({"x", "y", "z", "w"})
 # math functions whose result has the float type of their arguments (f32 in, f32 out), by name
 _FLOAT_PRESERVING = frozenset(MATH_OPS) - {"select"}
-_MATH_CALLEES = {getattr(qd_math, name): name for name in MATH_OPS if hasattr(qd_math, name)}
-_MATH_CALLEES.update({getattr(math, name): name for name in MATH_OPS if hasattr(math, name)})
-_MATH_CALLEES.update({builtins.abs: "abs", builtins.min: "min", builtins.max: "max", math.fabs: "abs"})
 
 
 def _literal(state, var):

@@ -86,7 +86,8 @@ def test_literals_next_to_vector_components_follow_the_field(rng):
     mix()
     f32 = np.float32
     expected = data[:, 0] * f32(0.5) + data[:, 1] * f32(0.25) - data[:, 2] * f32(0.1) + data[:, 1] * f32(2)
-    np.testing.assert_allclose(out.to_numpy(), expected, rtol=1e-6, atol=1e-7)
+    # a few f32 ulps of values up to ~3: on a GPU, NVVM contracts a * b + c into one rounding
+    np.testing.assert_allclose(out.to_numpy(), expected, rtol=1e-6, atol=1e-6)
     assert _float_types(mix) == {types.float32}
 
 

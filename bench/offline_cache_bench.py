@@ -5,7 +5,7 @@
 The kernel has K top-level loops, each a few float ops on its own pair of fields (issue 12's
 workload). Per K, with an empty cache directory: one process compiles (and writes the entry),
 then three processes load it. Each process reports the set-up any program pays once (CPU: the
-start of Numba's thread pool; CUDA: the context and runtime), cached or not, and the time to
+start of Numba's thread pool and NRT; CUDA: the context and runtime), cached or not, and the time to
 make the kernel ready (compile or load: the CPU instance or CUDA launch plan, ready to launch;
 then one checked call). Without arguments: the CPU, and CUDA when a GPU is present.
 Writes bench/results/offline_cache.md (CPU) and bench/results/offline_cache_cuda.md.
@@ -25,7 +25,7 @@ REPO = os.path.dirname(HERE)
 
 
 SETUP = {  # per arch: qd.init, the set-up every process pays, the call that makes the kernel ready
-    "cpu": ("qd.cpu", "from qd_numba.targets.cpu import ensure_threading_layer\nensure_threading_layer()",
+    "cpu": ("qd.cpu", "from qd_numba.targets.cpu import start_runtime\nstart_runtime()",
             "k.backend()._instance(())"),
     "cuda": ("qd.cuda", "from qd_numba.targets.cuda.runtime import CudaRuntime\nCudaRuntime.get()",
              "k.backend().plan_for(())"),

@@ -674,8 +674,9 @@ def cpu_rebuild(payload) -> tuple:
     from numba.core.compiler import CompileResult
     from numba.core.registry import cpu_target
 
-    from .targets.cpu import ensure_threading_layer
+    from .targets.cpu import ensure_runtime_for
 
     reduced, tasks, hidden_paths = payload
-    ensure_threading_layer()    # the library calls numba_parallel_for
+    libdata = reduced[0]        # (name, "object", (object code, bitcode)): Numba's serialized library
+    ensure_runtime_for([libdata[2][0]] if libdata[1] == "object" else [b""])
     return CompileResult._rebuild(cpu_target.target_context, *reduced), tasks, hidden_paths

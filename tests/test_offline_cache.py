@@ -764,3 +764,87 @@ def test_a_gradient_kernel_hits_and_writes_the_gradient_it_found(cache_dir, rng)
     with_grad = offline_cache.snapshot(ns["energy"], {})[0]
     ns["x"] = qd.field(qd.f32, shape=64)         # the same layout without a gradient: another key
     assert offline_cache.snapshot(ns["energy"], {})[0] != with_grad
+
+
+# -- a warm CPU process -------------------------------------------------------------------------------------
+
+WARM_SCRIPT = """
+import sys
+import numpy as np
+import qd_numba as qd
+from qd_numba import offline_cache
+from qd_numba.targets import cpu
+
+if sys.argv[2] == "missing-symbol":     # the loader must see one symbol it cannot resolve
+    import llvmlite.binding as llvm
+    real = llvm.address_of_symbol
+    llvm.address_of_symbol = lambda name: 0 if name == "numba_parallel_for" else real(name)
+qd.init(arch=qd.cpu, offline_cache=True, offline_cache_file_path=sys.argv[1])
+x = qd.field(qd.f32, shape=1000)
+ns = {"qd": qd, "x": x, "__name__": "cached_kernels"}
+exec(compile('''
+@qd.kernel
+def total(a: qd.types.ndarray(dtype=qd.f32, ndim=1)) -> qd.f32:
+    s = 0.0
+    for i in x:
+        x[i] = qd.sin(a[i]) * 2.0
+        s += x[i]
+    return s
+
+@qd.kernel
+def other():
+    for i in x:
+        x[i] = x[i] + 1.0
+''', "<cell>", "exec"), ns)
+a = np.random.default_rng(3).random(1000).astype(np.float32)
+s = ns["total"](a)
+expected = np.sin(a) * np.float32(2)
+assert np.allclose(x.to_numpy(), expected, rtol=1e-6) and abs(s - expected.sum()) < 1e-3 * expected.sum()
+full_after_load = cpu._threads_ready
+if sys.argv[2] == "and-compile":        # a later compile in the same process sets Numba up in full
+    ns["other"]()
+    assert np.allclose(x.to_numpy(), expected + 1, rtol=1e-6)
+print(offline_cache.stats.hits, full_after_load, cpu._threads_ready)
+"""
+
+
+def _warm_run(cache, mode):
+    out = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(cache), mode], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": _pythonpath(),
+                                                      "QD_CUDA_COMPILE_CHECK": "0", "QD_AMDGPU_COMPILE_CHECK": "0"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_a_warm_cpu_process_loads_without_numbas_full_set_up(tmp_path):
+    """A hit needs the thread pool, NRT and the symbols its object code references, not Numba's
+    registries (targets/cpu.ensure_runtime_for): a warm process does not pay them, a compile
+    later in it still sets them up, and a symbol the loader cannot resolve sets them up first."""
+    cache = tmp_path / "qdcache"
+    assert _warm_run(cache, "plain") == ["0", "True", "True"]          # compiled: the full set-up
+    assert _warm_run(cache, "plain") == ["1", "False", "False"]        # a hit: none of it
+    assert _warm_run(cache, "and-compile") == ["1", "False", "True"]
+    assert _warm_run(cache, "missing-symbol") == ["1", "True", "True"]
+
+
+def test_undefined_symbols_of_a_kernel_object(cache_dir, rng):
+    import pickle
+
+    from qd_numba.targets.cpu import undefined_symbols
+
+    ns = define()
+    run_scale(ns, rng)
+    (entry,) = entries(cache_dir)
+    _versions, _key, (reduced, _tasks, _paths) = pickle.loads(entry.read_bytes())
+    _name, kind, (obj, _bitcode) = reduced[0]        # Numba's serialized library
+    assert kind == "object"
+    names = undefined_symbols(obj)
+    assert "numba_parallel_for" in names and not any(n.startswith("_ZN8qd_numba") for n in names)
+    assert undefined_symbols(b"MZ" + obj[2:]) is None and undefined_symbols(obj[:64]) is None
+    for _ in range(200):     # truncated or damaged objects: a list or None, never an error or a crash
+        damaged = bytearray(obj[:int(rng.integers(0, len(obj)))])
+        for k in rng.integers(6, max(7, len(damaged)), 4):
+            if k < len(damaged):
+                damaged[k] = int(rng.integers(0, 256))
+        result = undefined_symbols(bytes(damaged))
+        assert result is None or isinstance(result, list)

@@ -53,15 +53,78 @@ _lock = threading.RLock()
 
 
 def ensure_threading_layer() -> None:
-    """Start Numba's thread pool and register its symbols (``numba_parallel_for``)."""
+    """Start Numba's thread pool and register its symbols (``numba_parallel_for``), and set up
+    Numba's CPU target in full (its registries: what a compile needs)."""
     global _threads_ready
     if not _threads_ready:
-        from numba.np.ufunc.parallel import _launch_threads
-
-        _launch_threads()
+        start_runtime()
         cpu_target.target_context.refresh()
         remember_abi_sizes(cpu_target.target_context)
         _threads_ready = True
+
+
+_runtime_ready = False
+
+
+def start_runtime() -> None:
+    """Numba's thread pool with its symbols, and NRT's (no registries)."""
+    global _runtime_ready
+    if not _runtime_ready:
+        from numba.core.runtime import rtsys
+        from numba.np.ufunc.parallel import _launch_threads
+
+        _launch_threads()
+        rtsys.initialize(cpu_target.target_context)
+        _runtime_ready = True
+
+
+def ensure_runtime_for(objects: list) -> None:
+    """What loading compiled object code (an offline-cache hit) needs: the thread pool and NRT,
+    and every symbol the objects reference. Numba's full set-up (``refresh``: ~0.2-0.3 s of
+    registries, what a compile needs) runs only when one is still missing — a symbol that an
+    implementation registers when its module is imported — or when the objects cannot be read."""
+    if _threads_ready:
+        return
+    start_runtime()
+    import llvmlite.binding as llvm
+
+    for obj in objects:
+        names = undefined_symbols(obj)
+        if names is None or any(not llvm.address_of_symbol(name) for name in names):
+            ensure_threading_layer()
+            return
+
+
+def undefined_symbols(obj: bytes) -> list | None:
+    """The names an ELF64 little-endian object file references and does not define (the
+    entries of its symbol table in section 0), or None for any other or malformed object. Read
+    with ``struct`` alone (every offset checked): llvmlite's object-file reader crashes the
+    process on a truncated file."""
+    import struct
+
+    if obj[:6] != b"\x7fELF\x02\x01":
+        return None
+    try:
+        shoff, = struct.unpack_from("<Q", obj, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+        if shentsize != 64:
+            return None
+        # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
+        headers = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + k * 64) for k in range(shnum)]
+        symtab = next(h for h in headers if h[1] == 2)           # SHT_SYMTAB
+        strtab = headers[symtab[6]]
+        if symtab[4] + symtab[5] > len(obj) or strtab[4] + strtab[5] > len(obj):
+            return None
+        strings = obj[strtab[4]:strtab[4] + strtab[5]]
+        names = []
+        for offset in range(symtab[4], symtab[4] + symtab[5] - 23, 24):
+            # Elf64_Sym: name, info, other, shndx, value, size
+            name, _info, _other, shndx, _value, _size = struct.unpack_from("<IBBHQQ", obj, offset)
+            if name and shndx == 0:
+                names.append(strings[name:strings.index(b"\0", name)].decode())
+        return names
+    except (struct.error, StopIteration, IndexError, ValueError, UnicodeDecodeError):
+        return None
 
 
 def compile_flags(debug: bool, entry: bool) -> compiler.Flags:

@@ -87,7 +87,7 @@ def report(arch: str, rows: list) -> str:
         title, setup = "CUDA", "CUDA context and runtime (any process)"
     else:
         machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared)"
-        title, setup = "CPU", "thread pool start (any process)"
+        title, setup = "CPU", "thread pool and NRT start (any process)"
     lines = [f"# Offline cache, {title}", "",
              f"{datetime.date.today()}, {machine}, `python bench/offline_cache_bench.py {arch}`.", "",
              "Compile-to-ready: argument types to a launchable "

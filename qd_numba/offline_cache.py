@@ -678,5 +678,5 @@ def cpu_rebuild(payload) -> tuple:
 
     reduced, tasks, hidden_paths = payload
     libdata = reduced[0]        # (name, "object", (object code, bitcode)): Numba's serialized library
-    ensure_runtime_for([libdata[2][0]] if libdata[1] == "object" else [b""])
+    ensure_runtime_for(libdata[2][0] if libdata[1] == "object" else None)
     return CompileResult._rebuild(cpu_target.target_context, *reduced), tasks, hidden_paths

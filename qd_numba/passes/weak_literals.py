@@ -29,6 +29,7 @@ import operator
 
 import numpy as np
 from numba.core import types
+from numba.np import numpy_support
 
 from ..lowering import array_access
 from ..lowering import subscripts as sub_impl
@@ -155,9 +156,8 @@ class WeakFloatLiterals:
         d = state.definition(var)
         if isinstance(d, ir.Var):
             return self._float_type(d, depth + 1)
-        if isinstance(d, ir.Const) and isinstance(d.value, np.floating):     # a literal narrowed before
-            return types.float32 if d.value.dtype == np.float32 else types.float16 if d.value.dtype == np.float16 \
-                else types.float64 if d.value.dtype == np.float64 else None
+        if isinstance(d, ir.Const) and isinstance(d.value, (np.float16, np.float32, np.float64)):  # narrowed before
+            return numpy_support.from_dtype(d.value.dtype)
         if isinstance(d, ir.Arg):
             ty = state.param_types.get(d.name)
             return ty if isinstance(ty, types.Float) else None

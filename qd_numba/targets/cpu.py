@@ -78,21 +78,19 @@ def start_runtime() -> None:
         _runtime_ready = True
 
 
-def ensure_runtime_for(objects: list) -> None:
+def ensure_runtime_for(obj: bytes | None) -> None:
     """What loading compiled object code (an offline-cache hit) needs: the thread pool and NRT,
-    and every symbol the objects reference. Numba's full set-up (``refresh``: ~0.2-0.3 s of
+    and every symbol the object references. Numba's full set-up (``refresh``: ~0.2-0.3 s of
     registries, what a compile needs) runs only when one is still missing — a symbol that an
-    implementation registers when its module is imported — or when the objects cannot be read."""
+    implementation registers when its module is imported — or when there is no object to read."""
     if _threads_ready:
         return
     start_runtime()
     import llvmlite.binding as llvm
 
-    for obj in objects:
-        names = undefined_symbols(obj)
-        if names is None or any(not llvm.address_of_symbol(name) for name in names):
-            ensure_threading_layer()
-            return
+    names = undefined_symbols(obj) if obj is not None else None
+    if names is None or any(not llvm.address_of_symbol(name) for name in names):
+        ensure_threading_layer()
 
 
 def undefined_symbols(obj: bytes) -> list | None:
